@@ -1,0 +1,47 @@
+# batchwise: the README's two commands are `make demo` and `make test`; the rest are their steps.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ONNX := model_repository/minilm/1/model.onnx
+PYTEST_ARGS ?=
+
+.PHONY: help venv export demo serve test test-unit bench clean
+
+help:
+	@echo "make demo    set up, export the models, start the embedded Triton, send real requests"
+	@echo "make test    set up and run the whole test suite (unit and integration)"
+	@echo "make serve   run the embedded Triton on 127.0.0.1:8000 (HTTP), 8001 (gRPC), 8002 (metrics)"
+	@echo "make bench   dynamic batching benchmark -> bench_results/dynamic_batching.json"
+
+$(STAMP): pyproject.toml scripts/requirements.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is needed, {sys.executable} is {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $$($(PY) scripts/requirements.py --extras export,test)
+	$(PY) -m pip install --quiet --no-deps $$($(PY) scripts/requirements.py --no-deps)
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+export: venv
+	$(PY) scripts/export_onnx.py --skip-if-current
+
+demo: export
+	$(PY) scripts/demo.py
+
+serve: export
+	$(PY) scripts/serve.py
+
+test: export
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: export
+	$(PY) scripts/bench_dynamic_batching.py
+
+clean:
+	rm -rf $(VENV) bench_results .pytest_cache
+	rm -f $(ONNX) model_repository/minilm/1/tokenizer.json
