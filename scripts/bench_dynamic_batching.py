@@ -1,0 +1,266 @@
+"""What Triton's dynamic batcher buys for `minilm` on this machine, measured side by side in one run:
+
+1. in-process ONNX Runtime at batch 1, 2, 4, ... 64: the throughput ceiling;
+2. the served model under closed-loop load at concurrency 1 ... 64, with dynamic batching (the
+   checked-in config) and with batching off (a `max_batch_size: 0` variant).
+
+Prints a table and writes bench_results/dynamic_batching.json (one record per point, with settings).
+
+    python scripts/bench_dynamic_batching.py [--seq-len 32] [--seconds 4] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import onnxruntime as ort
+
+from clients.model_spec import MODEL_REPOSITORY, load_spec
+from scripts.serve import EmbeddedServer, ServerOptions, free_port
+from scripts.variants import load_config, with_batching, without_batching, write_repository
+
+MINILM = load_spec("minilm")
+RESULTS = Path(__file__).resolve().parent.parent / "bench_results" / "dynamic_batching.json"
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+
+def token_arrays(batch: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids of a realistic range, [CLS] ... [SEP], no padding: every request has one shape."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 29000, size=(batch, seq_len), dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+@dataclass
+class InProcessPoint:
+    batch_size: int
+    seq_len: int
+    throughput_seq_s: float  # median over repeats
+    latency_ms: float  # median time of one batch
+    repeats_seq_s: list[float]
+    kind: str = "in_process"
+
+
+def bench_in_process(model_path: Path, batch_sizes, seq_len: int, seconds: float, repeats: int) -> list[InProcessPoint]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+    output = [MINILM.outputs[0].name]
+    points = []
+    for batch in batch_sizes:
+        feed = token_arrays(batch, seq_len)
+        session.run(output, feed)  # warm-up
+        rates, latencies = [], []
+        for _ in range(repeats):
+            n, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds:
+                t0 = time.perf_counter()
+                session.run(output, feed)
+                latencies.append(time.perf_counter() - t0)
+                n += 1
+            rates.append(n * batch / elapsed)
+        point = InProcessPoint(batch, seq_len, statistics.median(rates), 1e3 * statistics.median(latencies), rates)
+        print(f"  in-process  batch {batch:3d}: {point.throughput_seq_s:8.1f} seq/s  ({point.latency_ms:.1f} ms/batch)",
+              flush=True)
+        points.append(point)
+    return points
+
+
+@dataclass
+class ServedPoint:
+    variant: str  # "dynamic" or "none"
+    concurrency: int
+    seq_len: int
+    seconds: float
+    requests: int
+    errors: int
+    throughput_rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    avg_batch_size: float  # server side: inferences / executions
+    avg_queue_us: float
+    avg_compute_us: float
+    client_cpu_fraction: float  # load generator CPU seconds per wall second
+    kind: str = "served"
+
+
+def model_stats(http_url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=5) as r:
+        s = json.load(r)["model_stats"][0]
+    inf = s["inference_stats"]
+    return {
+        "inferences": int(s.get("inference_count", 0)),
+        "executions": int(s.get("execution_count", 0)),
+        "queue_ns": int(inf["queue"]["ns"]),
+        "compute_ns": sum(int(inf[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")),
+        "success": int(inf["success"]["count"]),
+    }
+
+
+async def closed_loop(grpc_url: str, concurrency: int, seconds: float, seq_len: int, warmup_s: float):
+    """`concurrency` callers, each sending its next batch-1 request as soon as the last returns."""
+    import tritonclient.grpc.aio as grpcaio
+
+    feed = token_arrays(1, seq_len)
+    latencies: list[float] = []
+    errors = 0
+    async with grpcaio.InferenceServerClient(grpc_url) as client:
+        inputs = []
+        for spec in MINILM.inputs:
+            t = grpcaio.InferInput(spec.name, list(feed[spec.name].shape), spec.wire_dtype)
+            t.set_data_from_numpy(feed[spec.name])
+            inputs.append(t)
+        start = time.perf_counter()
+        measure_from = start + warmup_s
+        stop_at = measure_from + seconds
+
+        async def caller():
+            nonlocal errors
+            while (now := time.perf_counter()) < stop_at:
+                try:
+                    await client.infer(MINILM.name, inputs)
+                except Exception:
+                    if now >= measure_from:
+                        errors += 1
+                    continue
+                if now >= measure_from:
+                    latencies.append(time.perf_counter() - now)
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return latencies, errors
+
+
+def bench_served(variant: str, http_url: str, grpc_url: str, concurrency: int, seq_len: int,
+                 seconds: float, warmup_s: float) -> ServedPoint:
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    # The stats window spans warm-up too; it only gives ratios (batch size, queue and compute time).
+    before = model_stats(http_url, MINILM.name)
+    t0 = time.perf_counter()
+    latencies, errors = asyncio.run(closed_loop(grpc_url, concurrency, seconds, seq_len, warmup_s))
+    wall = time.perf_counter() - t0
+    after = model_stats(http_url, MINILM.name)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    d = {k: after[k] - before[k] for k in after}
+    ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
+    return ServedPoint(
+        variant=variant, concurrency=concurrency, seq_len=seq_len, seconds=seconds,
+        requests=len(latencies), errors=errors, throughput_rps=len(latencies) / seconds,
+        p50_ms=float(np.percentile(ms, 50)), p90_ms=float(np.percentile(ms, 90)), p99_ms=float(np.percentile(ms, 99)),
+        avg_batch_size=d["inferences"] / max(d["executions"], 1),
+        avg_queue_us=d["queue_ns"] / max(d["success"], 1) / 1e3,
+        avg_compute_us=d["compute_ns"] / max(d["executions"], 1) / 1e3,
+        client_cpu_fraction=((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)) / wall,
+    )
+
+
+def run_variant(variant: str, config, concurrencies, seq_len: int, seconds: float, warmup_s: float,
+                repeats: int) -> list[ServedPoint]:
+    with tempfile.TemporaryDirectory(prefix="batchwise-bench-") as tmp:
+        repo = write_repository(Path(tmp) / "repo", {MINILM.name: config})
+        ports = []
+        while len(ports) < 3:
+            if (p := free_port()) not in ports:
+                ports.append(p)
+        opts = ServerOptions(model_repository=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+        points = []
+        with EmbeddedServer(opts) as server:
+            for c in concurrencies:
+                runs = [bench_served(variant, opts.http_url, opts.grpc_url, c, seq_len, seconds, warmup_s)
+                        for _ in range(repeats)]
+                point = sorted(runs, key=lambda p: p.throughput_rps)[len(runs) // 2]  # the median run
+                print(f"  served {variant:7s} concurrency {c:3d}: {point.throughput_rps:8.1f} req/s  "
+                      f"p50 {point.p50_ms:6.1f} ms  p99 {point.p99_ms:6.1f} ms  batch {point.avg_batch_size:5.1f}  "
+                      f"client CPU {point.client_cpu_fraction:.2f}", flush=True)
+                points.append(point)
+            if server.process.poll() is not None:
+                raise RuntimeError(f"the server died during the benchmark\n{server.problem_summary()}")
+    return points
+
+
+def summarize(in_process: list[InProcessPoint], served: list[ServedPoint], at_concurrency: int) -> dict:
+    best_in_process = max(in_process, key=lambda p: p.throughput_seq_s)
+    dynamic = [p for p in served if p.variant == "dynamic"]
+    none = [p for p in served if p.variant == "none"]
+    best_served = max(dynamic, key=lambda p: p.throughput_rps)
+    summary = {
+        "best_in_process_seq_s": best_in_process.throughput_seq_s,
+        "best_in_process_batch": best_in_process.batch_size,
+        "best_served_rps": best_served.throughput_rps,
+        "best_served_concurrency": best_served.concurrency,
+        "served_over_in_process": best_served.throughput_rps / best_in_process.throughput_seq_s,
+    }
+    at_d = next((p for p in dynamic if p.concurrency == at_concurrency), None)
+    at_n = next((p for p in none if p.concurrency == at_concurrency), None)
+    if at_d and at_n:
+        summary[f"dynamic_over_none_at_{at_concurrency}"] = at_d.throughput_rps / at_n.throughput_rps
+    return summary
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-len", type=int, default=32, help="tokens per text (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each served point")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per point; the median is reported")
+    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
+    p.add_argument("--compare-at", type=int, default=32, help="concurrency for the dynamic-vs-none ratio")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    model_path = MODEL_REPOSITORY / MINILM.name / "1" / "model.onnx"
+    if not model_path.is_file():
+        print(f"error: {model_path} is missing: run `make export`", file=sys.stderr)
+        return 1
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    print(f"minilm, {args.seq_len} tokens per text, {args.seconds:g} s per point, median of {args.repeats}")
+    in_process = bench_in_process(model_path, batch_sizes, args.seq_len, args.seconds, args.repeats)
+    config = load_config(MINILM.name)
+    served = run_variant("dynamic", with_batching(config), concurrencies, args.seq_len, args.seconds,
+                         args.warmup, args.repeats)
+    served += run_variant("none", without_batching(config), concurrencies, args.seq_len, args.seconds,
+                          args.warmup, args.repeats)
+    summary = summarize(in_process, served, args.compare_at)
+    print("\nsummary")
+    for k, v in summary.items():
+        print(f"  {k:32s} {v:10.3f}" if isinstance(v, float) else f"  {k:32s} {v:10d}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "dynamic_batching", "model": MINILM.name, "machine": machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "points": [asdict(p) for p in in_process + served], "summary": summary,
+    }
+    args.out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

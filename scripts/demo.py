@@ -1,0 +1,149 @@
+"""The demo behind `make demo`: start the embedded Triton, send real requests over HTTP and gRPC,
+show what came back and what the dynamic batcher did, then say how to call the server yourself."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from clients.model_spec import load_spec
+from scripts.serve import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_MODEL_REPOSITORY,
+    EmbeddedServer,
+    ServerOptions,
+    free_port,
+    port_in_use,
+)
+from scripts.triton_dist import LauncherError
+
+EMBED = load_spec("embed")
+SENTENCES = [
+    "A man is playing a guitar.",
+    "Someone is strumming a guitar on stage.",
+    "The central bank raised interest rates again.",
+    "Inflation pushed the bank to lift rates.",
+]
+
+
+def choose_ports(host: str) -> tuple[int, int, int]:
+    defaults = (DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT)
+    if not any(port_in_use(host, p) for p in defaults):
+        return defaults
+    ports: list[int] = []
+    while len(ports) < 3:
+        p = free_port(host)
+        if p not in ports:
+            ports.append(p)
+    print(f"note: ports {defaults} are taken, using {tuple(ports)} for this demo")
+    return tuple(ports)
+
+
+def embed(module, client, texts: list[str]) -> np.ndarray:
+    data = np.array([[t.encode()] for t in texts], dtype=object)
+    tensor = module.InferInput(EMBED.inputs[0].name, list(data.shape), EMBED.inputs[0].wire_dtype)
+    tensor.set_data_from_numpy(data)
+    return client.infer(EMBED.name, [tensor]).as_numpy(EMBED.outputs[0].name)
+
+
+def model_stats(http_url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=5) as r:
+        return json.load(r)["model_stats"][0]
+
+
+def show_similarities(vectors: np.ndarray) -> None:
+    print("\ncosine similarity (the embeddings are unit length, so this is a dot product):")
+    width = max(len(s) for s in SENTENCES)
+    for i, s in enumerate(SENTENCES):
+        row = "  ".join(f"{vectors[i] @ vectors[j]:5.2f}" for j in range(len(SENTENCES)))
+        print(f"  {s:<{width}}  {row}")
+
+
+def burst(http_url: str, grpc_url: str, num_requests: int, concurrency: int) -> tuple[float, dict]:
+    """Send single-text requests from many threads at once and return (seconds, minilm stats delta).
+    gRPC, because its client may be shared between threads (the HTTP one is gevent-based)."""
+    before = model_stats(http_url, "minilm")
+    texts = [f"request number {i} about batching" for i in range(num_requests)]
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda t: embed(grpcclient, client, [t]), texts))
+        elapsed = time.perf_counter() - start
+    after = model_stats(http_url, "minilm")
+    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("inference_count", "execution_count")}
+    return elapsed, delta
+
+
+def how_to_call(opts: ServerOptions) -> str:
+    body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hello world"]}]})
+    return f"""
+To run the server yourself and call it:
+  make serve                      # tritonserver on {DEFAULT_HTTP_PORT} (HTTP), {DEFAULT_GRPC_PORT} (gRPC), {DEFAULT_METRICS_PORT} (metrics)
+  curl -s localhost:{DEFAULT_HTTP_PORT}/v2/models/embed/infer -d '{body}'
+  curl -s localhost:{DEFAULT_HTTP_PORT}/v2/models/minilm/stats    # executed batch sizes, queue and compute time
+  curl -s localhost:{DEFAULT_METRICS_PORT}/metrics | grep nv_inference_queue_summary_us
+From Python (tritonclient):
+  import numpy as np, tritonclient.http as h
+  c = h.InferenceServerClient("127.0.0.1:{DEFAULT_HTTP_PORT}")
+  t = h.InferInput("text", [1, 1], "BYTES"); t.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+  c.infer("embed", [t]).as_numpy("embedding")   # (1, 384) float32
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
+    p.add_argument("--requests", type=int, default=256, help="requests in the concurrent burst")
+    p.add_argument("--concurrency", type=int, default=32)
+    args = p.parse_args(argv)
+
+    host = "127.0.0.1"
+    http_port, grpc_port, metrics_port = choose_ports(host)
+    opts = ServerOptions(model_repository=args.model_repository.resolve(), host=host, http_port=http_port,
+                         grpc_port=grpc_port, metrics_port=metrics_port)
+    print(f"starting the embedded Triton (HTTP {opts.http_url}, gRPC {opts.grpc_url}) ...", flush=True)
+    started = time.perf_counter()
+    try:
+        server = EmbeddedServer(opts).start()
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    with server:
+        print(f"ready in {time.perf_counter() - started:.1f} s; models: minilm (ONNX, dynamic batching), "
+              f"embed (text -> minilm)")
+        with httpclient.InferenceServerClient(opts.http_url) as http, \
+                grpcclient.InferenceServerClient(opts.grpc_url) as grpc:
+            over_http = embed(httpclient, http, SENTENCES)
+            over_grpc = embed(grpcclient, grpc, SENTENCES)
+        print(f"\nembed over HTTP: {over_http.shape[0]} texts -> {over_http.shape} {over_http.dtype}, "
+              f"norms {np.round(np.linalg.norm(over_http, axis=1), 4).tolist()}")
+        print(f"embed over gRPC: same texts, max |HTTP - gRPC| = {np.abs(over_http - over_grpc).max():.2e}")
+        print(f"first values of the first embedding: {np.round(over_http[0, :6], 4).tolist()}")
+        show_similarities(over_http)
+
+        elapsed, delta = burst(opts.http_url, opts.grpc_url, args.requests, args.concurrency)
+        inferences, executions = delta["inference_count"], delta["execution_count"]
+        print(f"\n{args.requests} single-text requests from {args.concurrency} threads in {elapsed:.2f} s "
+              f"({args.requests / elapsed:.0f} requests/s)")
+        print(f"minilm ran them in {executions} executions: average batch {inferences / max(executions, 1):.1f} "
+              f"(Triton's dynamic batcher at work; see /v2/models/minilm/stats)")
+    print("server stopped.")
+    print(how_to_call(opts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

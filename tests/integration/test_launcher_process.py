@@ -1,0 +1,97 @@
+"""The launcher as a user runs it: `scripts/serve.py` in its own process, ready message, Ctrl-C,
+and clear failures for a taken port and a repository that Triton refuses."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.serve import EmbeddedServer, port_in_use
+from scripts.triton_dist import LauncherError
+from tests.integration.conftest import copy_repository, distinct_free_ports, server_options
+
+SERVE = Path(__file__).resolve().parents[2] / "scripts" / "serve.py"
+
+
+def start_serve(repository, ports):
+    http, grpc, metrics = ports
+    return subprocess.Popen(
+        [sys.executable, str(SERVE), "--model-repository", str(repository), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def read_until(proc, marker, timeout_s=120):
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            return "".join(lines)
+    raise AssertionError(f"{marker!r} not seen; output:\n{''.join(lines)}")
+
+
+@pytest.fixture
+def serve_process():
+    procs = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_serve_reports_ready_and_stops_cleanly_on_signal(tmp_path, serve_process, signum):
+    repository = copy_repository(tmp_path / "repo")
+    ports = distinct_free_ports(3)
+    proc = start_serve(repository, ports)
+    serve_process.append(proc)
+    out = read_until(proc, "ready:")
+    assert f"HTTP 127.0.0.1:{ports[0]}" in out and f"gRPC 127.0.0.1:{ports[1]}" in out
+    proc.send_signal(signum)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    assert "stopped" in rest
+    for port in ports:  # the server is gone: its ports are free again
+        assert not port_in_use("127.0.0.1", port)
+
+
+def test_serve_fails_clearly_when_a_port_is_taken(tmp_path):
+    repository = copy_repository(tmp_path / "repo")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        _, grpc, metrics = distinct_free_ports(3)
+        result = subprocess.run(
+            [sys.executable, str(SERVE), "--model-repository", str(repository), "--http-port", str(taken),
+             "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {taken}" in result.stderr and "already in use" in result.stderr
+
+
+def test_a_config_that_disagrees_with_the_graph_fails_with_the_reason(tmp_path):
+    """Passes the launcher's own checks; Triton loads it, the backend refuses it, and the launcher
+    reports the backend's reason instead of hanging."""
+    repository = copy_repository(tmp_path / "repo")
+    shutil.rmtree(repository / "embed")
+    config = repository / "minilm" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 384 ]", "dims: [ 512 ]"))
+    server = EmbeddedServer(server_options(repository), log_path=tmp_path / "log.txt")
+    with pytest.raises(LauncherError) as caught:
+        server.start(ready_timeout_s=120)
+    assert "exited" in str(caught.value)
+    assert "[512]" in str(caught.value) and "384" in str(caught.value)
+    assert server.process.poll() is not None
