@@ -1,7 +1,8 @@
 """What Triton's dynamic batcher buys for `minilm` on this machine, measured side by side in one run:
 
 1. in-process ONNX Runtime at batch 1, 2, 4, ... 64: the throughput ceiling;
-2. the served model under closed-loop load at concurrency 1 ... 64, with dynamic batching (the
+2. what padding mixed-length texts costs: to each batch's longest, to length buckets, or not at all;
+3. the served model under closed-loop load at concurrency 1 ... 64, with dynamic batching (the
    checked-in config) and with batching off (a `max_batch_size: 0` variant).
 
 Prints a table and writes bench_results/dynamic_batching.json (one record per point, with settings).
@@ -79,6 +80,61 @@ def bench_in_process(model_path: Path, batch_sizes, seq_len: int, seconds: float
         point = InProcessPoint(batch, seq_len, statistics.median(rates), 1e3 * statistics.median(latencies), rates)
         print(f"  in-process  batch {batch:3d}: {point.throughput_seq_s:8.1f} seq/s  ({point.latency_ms:.1f} ms/batch)",
               flush=True)
+        points.append(point)
+    return points
+
+
+@dataclass
+class PaddingPoint:
+    strategy: str  # "batch_longest", "buckets", "exact_batch_1"
+    texts: int
+    real_tokens: int
+    computed_tokens: int  # real plus padding
+    ms_per_text: float  # median over repeats
+    kind: str = "padding"
+
+
+BUCKETS = (16, 32, 64, 128, 256)
+
+
+def _bucket(length: int) -> int:
+    return next((b for b in BUCKETS if length <= b), length)
+
+
+def bench_padding(model_path: Path, num_texts: int, batch: int, repeats: int) -> list[PaddingPoint]:
+    """What padding costs: the same texts (lengths from a seeded log-normal, median 24 tokens, as
+    sentences run) run padded to each batch's longest, padded to length buckets, and unpadded."""
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(np.log(24), 0.6, size=num_texts).astype(int), 3, 256)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    output = [MINILM.outputs[0].name]
+
+    def padded(rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
+        arrays = token_arrays(len(rows), length)
+        arrays["attention_mask"] = (np.arange(length)[None, :] < rows[:, None]).astype(np.int64)
+        return arrays
+
+    plans = {"batch_longest": [], "buckets": [], "exact_batch_1": []}
+    for start in range(0, num_texts, batch):
+        rows = lengths[start:start + batch]
+        plans["batch_longest"].append(padded(rows, int(rows.max())))
+        for b in sorted({_bucket(int(n)) for n in rows}):
+            group = rows[[_bucket(int(n)) == b for n in rows]]
+            plans["buckets"].append(padded(group, b))
+        plans["exact_batch_1"] += [padded(rows[i:i + 1], int(rows[i])) for i in range(len(rows))]
+    points = []
+    for strategy, feeds in plans.items():
+        times = []
+        for _ in range(repeats + 1):  # the first pass warms up
+            t0 = time.perf_counter()
+            for feed in feeds:
+                session.run(output, feed)
+            times.append(time.perf_counter() - t0)
+        computed = sum(f["input_ids"].size for f in feeds)
+        point = PaddingPoint(strategy, num_texts, int(lengths.sum()), int(computed),
+                             1e3 * statistics.median(times[1:]) / num_texts)
+        print(f"  padding {strategy:14s}: {point.computed_tokens / point.real_tokens:5.2f} x real tokens, "
+              f"{point.ms_per_text:6.2f} ms per text", flush=True)
         points.append(point)
     return points
 
@@ -228,6 +284,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
     p.add_argument("--compare-at", type=int, default=32, help="concurrency for the dynamic-vs-none ratio")
+    p.add_argument("--padding-texts", type=int, default=256, help="texts in the padding-cost run (0: skip)")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
@@ -242,6 +299,7 @@ def main(argv=None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     print(f"minilm, {args.seq_len} tokens per text, {args.seconds:g} s per point, median of {args.repeats}")
     in_process = bench_in_process(model_path, batch_sizes, args.seq_len, args.seconds, args.repeats)
+    padding = bench_padding(model_path, args.padding_texts, 32, args.repeats) if args.padding_texts else []
     config = load_config(MINILM.name)
     served = run_variant("dynamic", with_batching(config), concurrencies, args.seq_len, args.seconds,
                          args.warmup, args.repeats)
@@ -255,7 +313,7 @@ def main(argv=None) -> int:
     record = {
         "benchmark": "dynamic_batching", "model": MINILM.name, "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "points": [asdict(p) for p in in_process + served], "summary": summary,
+        "points": [asdict(p) for p in in_process + padding + served], "summary": summary,
     }
     args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")

@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             over_http = embed(httpclient, http, SENTENCES)
             over_grpc = embed(grpcclient, grpc, SENTENCES)
         print(f"\nembed over HTTP: {over_http.shape[0]} texts -> {over_http.shape} {over_http.dtype}, "
-              f"norms {np.round(np.linalg.norm(over_http, axis=1), 4).tolist()}")
+              f"norms {[round(float(n), 4) for n in np.linalg.norm(over_http, axis=1)]}")
         print(f"embed over gRPC: same texts, max |HTTP - gRPC| = {np.abs(over_http - over_grpc).max():.2e}")
-        print(f"first values of the first embedding: {np.round(over_http[0, :6], 4).tolist()}")
+        print(f"first values of the first embedding: {[round(float(x), 4) for x in over_http[0, :6]]}")
         show_similarities(over_http)
 
         elapsed, delta = burst(opts.http_url, opts.grpc_url, args.requests, args.concurrency)
