@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -59,24 +60,41 @@ class InProcessPoint:
     kind: str = "in_process"
 
 
-def bench_in_process(model_path: Path, batch_sizes, seq_len: int, seconds: float, repeats: int) -> list[InProcessPoint]:
+def _sessions(model_path: Path, count: int, intra_op_threads: int) -> list[ort.InferenceSession]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = intra_op_threads
+    return [ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+            for _ in range(count)]
+
+
+def bench_in_process(model_path: Path, batch_sizes, seq_len: int, seconds: float, repeats: int,
+                     instances: int, intra_op_threads: int) -> list[InProcessPoint]:
+    """The served config's resources without the server: `instances` sessions of
+    `intra_op_threads` threads each, every one in its own thread running batches back to back."""
+    sessions = _sessions(model_path, instances, intra_op_threads)
     output = [MINILM.outputs[0].name]
     points = []
     for batch in batch_sizes:
         feed = token_arrays(batch, seq_len)
-        session.run(output, feed)  # warm-up
-        rates, latencies = [], []
-        for _ in range(repeats):
-            n, start = 0, time.perf_counter()
-            while (elapsed := time.perf_counter() - start) < seconds:
+        for session in sessions:
+            session.run(output, feed)  # warm-up
+
+        def loop(session, stop_at, latencies):
+            n = 0
+            while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
-                session.run(output, feed)
+                session.run(output, feed)  # releases the GIL while it computes
                 latencies.append(time.perf_counter() - t0)
                 n += 1
-            rates.append(n * batch / elapsed)
+            return n
+
+        rates, latencies = [], []
+        with ThreadPoolExecutor(len(sessions)) as pool:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                counts = list(pool.map(lambda s: loop(s, start + seconds, latencies), sessions))
+                rates.append(sum(counts) * batch / (time.perf_counter() - start))
         point = InProcessPoint(batch, seq_len, statistics.median(rates), 1e3 * statistics.median(latencies), rates)
         print(f"  in-process  batch {batch:3d}: {point.throughput_seq_s:8.1f} seq/s  ({point.latency_ms:.1f} ms/batch)",
               flush=True)
@@ -106,7 +124,7 @@ def bench_padding(model_path: Path, num_texts: int, batch: int, repeats: int) ->
     sentences run) run padded to each batch's longest, padded to length buckets, and unpadded."""
     rng = np.random.default_rng(1)
     lengths = np.clip(rng.lognormal(np.log(24), 0.6, size=num_texts).astype(int), 3, 256)
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    (session,) = _sessions(model_path, 1, 0)
     output = [MINILM.outputs[0].name]
 
     def padded(rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
@@ -298,9 +316,12 @@ def main(argv=None) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     print(f"minilm, {args.seq_len} tokens per text, {args.seconds:g} s per point, median of {args.repeats}")
-    in_process = bench_in_process(model_path, batch_sizes, args.seq_len, args.seconds, args.repeats)
-    padding = bench_padding(model_path, args.padding_texts, 32, args.repeats) if args.padding_texts else []
     config = load_config(MINILM.name)
+    instances = sum(g.count for g in config.instance_group) or 1
+    intra = int(config.parameters["intra_op_thread_count"].string_value or 0)
+    print(f"in-process: {instances} session(s) x {intra or 'default'} intra-op thread(s), as the served config")
+    in_process = bench_in_process(model_path, batch_sizes, args.seq_len, args.seconds, args.repeats, instances, intra)
+    padding = bench_padding(model_path, args.padding_texts, 32, args.repeats) if args.padding_texts else []
     served = run_variant("dynamic", with_batching(config), concurrencies, args.seq_len, args.seconds,
                          args.warmup, args.repeats)
     served += run_variant("none", without_batching(config), concurrencies, args.seq_len, args.seconds,
