@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml scripts/requirements.py
 
 venv: $(STAMP)
 
+DECODER := model_repository/gpt2/1
+
 export: venv
 	$(PY) scripts/export_onnx.py --skip-if-current
+	$(PY) scripts/make_decoder_weights.py --output $(DECODER) --skip-if-current
+	ln -sfn ../gpt2/1 model_repository/gpt2_static/1   # gpt2_static serves the same weights
 
 demo: export
 	$(PY) scripts/demo.py
@@ -44,4 +48,5 @@ bench: export
 
 clean:
 	rm -rf $(VENV) bench_results .pytest_cache
-	rm -f $(ONNX) model_repository/minilm/1/tokenizer.json
+	rm -f $(ONNX) model_repository/minilm/1/tokenizer.json model_repository/gpt2_static/1
+	rm -rf $(DECODER)

@@ -13,6 +13,7 @@ from scripts.triton_dist import LauncherError
 _MODEL_FILES = {
     "onnxruntime": ("model.onnx", "make export"),
     "python": ("model.py", None),
+    "continuous_decoding": ("model.safetensors", "make export"),
 }
 
 

@@ -21,10 +21,18 @@ def distinct_free_ports(n: int) -> list[int]:
     return ports
 
 
-def copy_repository(dest: Path) -> Path:
+def copy_repository(dest: Path, models: tuple[str, ...] | None = None) -> Path:
+    """A model repository of its own: configs copied (a test may change them), version folders
+    linked to the generated weights (hundreds of MB that no test changes)."""
     if not ONNX_MODEL.is_file():
         pytest.fail(f"{ONNX_MODEL} is missing: run `make export` (or `make test`, which does it first)")
-    shutil.copytree(MODEL_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for model_dir in sorted(p for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").is_file()):
+        if models is not None and model_dir.name not in models:
+            continue
+        (dest / model_dir.name).mkdir(parents=True)
+        shutil.copy(model_dir / "config.pbtxt", dest / model_dir.name / "config.pbtxt")
+        for version in (v for v in model_dir.iterdir() if v.name.isdigit()):
+            (dest / model_dir.name / version.name).symlink_to(version.resolve(), target_is_directory=True)
     return dest
 
 

@@ -15,6 +15,7 @@ from scripts.serve import EmbeddedServer, port_in_use
 from scripts.triton_dist import LauncherError
 from tests.integration.conftest import copy_repository, distinct_free_ports, server_options
 
+EMBEDDING_MODELS = ("minilm", "embed")  # enough to start; the decoders only add load time
 SERVE = Path(__file__).resolve().parents[2] / "scripts" / "serve.py"
 
 
@@ -52,7 +53,7 @@ def serve_process():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_serve_reports_ready_and_stops_cleanly_on_signal(tmp_path, serve_process, signum):
-    repository = copy_repository(tmp_path / "repo")
+    repository = copy_repository(tmp_path / "repo", EMBEDDING_MODELS)
     ports = distinct_free_ports(3)
     proc = start_serve(repository, ports)
     serve_process.append(proc)
@@ -67,7 +68,7 @@ def test_serve_reports_ready_and_stops_cleanly_on_signal(tmp_path, serve_process
 
 
 def test_serve_fails_clearly_when_a_port_is_taken(tmp_path):
-    repository = copy_repository(tmp_path / "repo")
+    repository = copy_repository(tmp_path / "repo", EMBEDDING_MODELS)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -85,7 +86,7 @@ def test_serve_fails_clearly_when_a_port_is_taken(tmp_path):
 def test_a_config_that_disagrees_with_the_graph_fails_with_the_reason(tmp_path):
     """Passes the launcher's own checks; Triton loads it, the backend refuses it, and the launcher
     reports the backend's reason instead of hanging."""
-    repository = copy_repository(tmp_path / "repo")
+    repository = copy_repository(tmp_path / "repo", EMBEDDING_MODELS)
     shutil.rmtree(repository / "embed")
     config = repository / "minilm" / "config.pbtxt"
     config.write_text(config.read_text().replace("dims: [ 384 ]", "dims: [ 512 ]"))

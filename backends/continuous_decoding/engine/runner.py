@@ -1,0 +1,148 @@
+"""The model runner: one GPT-2 forward pass over a packed ragged batch, reading and writing the paged
+KV cache. The only engine module that does array math; a GPU runner implements the same interface."""
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .batch import BatchInput
+from .paged_attention import paged_attention, write_kv_cache
+from .weights import ModelConfig, ModelWeights
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """What the engine needs from a runner. It owns the KV cache memory but not the blocks: the block
+    manager hands them out, and a freed block's stale contents are overwritten by its next owner."""
+
+    config: ModelConfig
+    num_blocks: int
+    block_size: int
+
+    @property
+    def kv_cache_bytes(self) -> int: ...
+
+    def execute(self, batch: BatchInput) -> np.ndarray:
+        """Logits [num_seqs, vocab_size] float32 of the last new token of each sequence."""
+        ...
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int = 4) -> int:
+    """Keys and values of block_size tokens in every layer: what one block costs, to size num_blocks."""
+    return 2 * config.n_layer * block_size * config.n_embd * itemsize
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = np.mean(centred * centred, axis=-1, keepdims=True)
+    return centred / np.sqrt(var + eps) * weight + bias
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """One matmul over every packed token of every sequence: [rows, in] @ [in, out] + [out]."""
+    out = x @ weight
+    out += bias
+    return out
+
+
+def lm_head(h: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
+    """[num_seqs, n_embd] @ [n_embd, vocab_size]: the transposed view goes to BLAS without a copy."""
+    return h @ embeddings.T
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GPT-2's "gelu_new"; writes into x, which the caller no longer needs."""
+    inner = x * x
+    inner *= 0.044715 * _GELU_C
+    inner += _GELU_C
+    inner *= x
+    np.tanh(inner, out=inner)
+    inner += 1.0
+    x *= 0.5
+    x *= inner
+    return x
+
+
+class NumpyRunner:
+    """Owned by the engine thread: execute() mutates the KV cache."""
+
+    def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
+        self.weights = weights
+        self.config = weights.config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        c = self.config
+        shape = (c.n_layer, num_blocks, block_size, c.n_head, c.head_dim)
+        self.k_cache = np.zeros(shape, dtype=np.float32)
+        self.v_cache = np.zeros(shape, dtype=np.float32)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+    def execute(self, batch: BatchInput) -> np.ndarray:
+        c, w = self.config, self.weights
+        if batch.num_seqs == 0:
+            return np.zeros((0, c.vocab_size), dtype=np.float32)
+        self._check(batch)
+        num_tokens, n_embd = batch.num_tokens, c.n_embd
+        last_rows = np.cumsum(batch.query_lens) - 1  # [num_seqs]: each sequence's last new token
+        x = w.wte[batch.token_ids] + w.wpe[batch.positions]  # [num_tokens, n_embd] residual stream
+        scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        blocks_per_seq = self._blocks_per_seq(batch)  # built once per step, read by every layer
+        for i, layer in enumerate(w.layers):
+            is_last_layer = i == c.n_layer - 1
+            h = layer_norm(x, layer.ln_1_weight, layer.ln_1_bias, c.layer_norm_epsilon)
+            qkv = linear(h, layer.qkv_weight, layer.qkv_bias)  # [num_tokens, 3 * n_embd]
+            q, k, v = (qkv[:, j * n_embd:(j + 1) * n_embd].reshape(num_tokens, c.n_head, c.head_dim)
+                       for j in range(3))
+            write_kv_cache(self.k_cache[i], self.v_cache[i], k, v, batch.slot_mapping)
+            query_lens = batch.query_lens
+            if is_last_layer:
+                # Only the last token of each sequence reaches the LM head, so from here on the other
+                # rows are dead: attend with the last queries alone (they see the whole context).
+                q, x = q[last_rows], x[last_rows]
+                query_lens = (1,) * batch.num_seqs
+            attn = paged_attention(q * scale, self.k_cache[i], self.v_cache[i], query_lens,
+                                   batch.context_lens, blocks_per_seq)  # [rows, n_head, head_dim]
+            x += linear(attn.reshape(-1, n_embd), layer.attn_out_weight, layer.attn_out_bias)
+            h = layer_norm(x, layer.ln_2_weight, layer.ln_2_bias, c.layer_norm_epsilon)
+            x += linear(gelu_tanh(linear(h, layer.fc_weight, layer.fc_bias)), layer.mlp_out_weight,
+                        layer.mlp_out_bias)
+        h = layer_norm(x, w.ln_f_weight, w.ln_f_bias, c.layer_norm_epsilon)  # [num_seqs, n_embd]
+        return lm_head(h, w.lm_head)  # [num_seqs, vocab_size]
+
+    def _check(self, batch: BatchInput) -> None:
+        """The scheduler should never build these; a clear error beats numpy wrapping a negative index
+        or writing another sequence's cache slot."""
+        c = self.config
+        if sum(batch.query_lens) != batch.num_tokens or min(batch.query_lens) < 1:
+            raise ValueError(f"query_lens {batch.query_lens} do not split {batch.num_tokens} tokens")
+        bounds = (("positions", batch.positions, "n_positions", c.n_positions),
+                  ("token_ids", batch.token_ids, "vocab_size", c.vocab_size),
+                  ("slot_mapping", batch.slot_mapping, "num_slots", self.num_blocks * self.block_size))
+        for name, values, limit_name, limit in bounds:
+            if int(values.min()) < 0 or int(values.max()) >= limit:
+                raise ValueError(f"{name} must lie in [0, {limit_name}={limit}), "
+                                 f"got [{values.min()}, {values.max()}]")
+
+    def _blocks_per_seq(self, batch: BatchInput) -> list[np.ndarray]:
+        """Per sequence, the blocks that hold its context_len tokens, as index arrays."""
+        tables = []
+        for context_len, table in zip(batch.context_lens, batch.block_tables):
+            num_blocks = -(-context_len // self.block_size)
+            blocks = np.asarray(table[:num_blocks], dtype=np.intp)
+            if len(blocks) < num_blocks or int(blocks.min()) < 0 or int(blocks.max()) >= self.num_blocks:
+                raise ValueError(f"block table {table} cannot hold {context_len} tokens in blocks "
+                                 f"[0, {self.num_blocks})")
+            tables.append(blocks)
+        return tables

@@ -1,0 +1,126 @@
+"""Triton edge of the continuous-decoding backend (`backend: "continuous_decoding"`, decoupled).
+
+execute() parses each request and hands it to the engine loop's thread, then returns; that thread
+streams one response per generated token (or one at the end) and always ends a request with one
+final response that carries the finish reason and token counts. Scheduling lives in engine/."""
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine, TokenOutput
+from engine.engine_loop import EngineLoop, Submission
+from engine.sampling_params import InvalidRequest
+from engine.weights import load_weights
+from request_inputs import (FINISH_REASON, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, OUTPUT_IDS, TEXT_OUTPUT,
+                            parse_request)
+from stream_metrics import EngineMetrics
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ValueError(f"{config['name']}: set `model_transaction_policy {{ decoupled: true }}`; "
+                             "tokens are streamed as separate responses")
+        params = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
+        self.engine_config = EngineConfig.from_parameters(params)
+        model_dir = Path(args["model_repository"]) / args["model_version"]
+        weights = load_weights(model_dir)
+        self.tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
+        engine = LLMEngine(self.engine_config, weights)
+        self.metrics = EngineMetrics(pb_utils, config["name"], engine.block_manager.num_blocks)
+        self.loop = EngineLoop(engine, on_step=self.metrics.update).start()
+        pb_utils.Logger.log_info(
+            f"{config['name']}: {self.engine_config.scheduling} batching, {engine.block_manager.num_blocks} KV "
+            f"blocks of {self.engine_config.block_size} tokens, max_num_seqs {self.engine_config.max_num_seqs}"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                arrays = {t.name(): t.as_numpy() for t in request.inputs()}
+                parsed = parse_request(arrays, self.tokenizer, self.engine_config.max_model_len)
+            except InvalidRequest as e:
+                _send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
+                continue
+            sink = ResponseSink(sender, parsed.stream, self.tokenizer, len(parsed.prompt_token_ids))
+            self.loop.submit(Submission(parsed.prompt_token_ids, parsed.sampling, sink, _priority(request)))
+        return None
+
+    def finalize(self):
+        self.loop.stop()
+
+
+class ResponseSink:
+    """One request's response sender; used by the engine thread only."""
+
+    def __init__(self, sender, stream: bool, tokenizer, num_prompt_tokens: int):
+        self.sender = sender
+        self.stream = stream
+        self.tokenizer = tokenizer
+        self.num_prompt_tokens = num_prompt_tokens
+        self.token_ids: list[int] = []
+        self.text_sent = ""
+
+    def is_cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+    def on_token(self, out: TokenOutput) -> None:
+        if out.token_id is not None:
+            self.token_ids.append(out.token_id)
+        if self.stream:
+            new_ids = [out.token_id] if out.token_id is not None else []
+            tensors = self._tokens(new_ids, self._new_text())
+        elif out.finished:
+            tensors = self._tokens(self.token_ids, self._text(self.token_ids))
+        else:
+            return
+        if out.finished:
+            tensors += [
+                pb_utils.Tensor(FINISH_REASON, np.array([out.finish_reason.value.encode()], dtype=np.object_)),
+                pb_utils.Tensor(NUM_INPUT_TOKENS, np.array([out.num_prompt_tokens], dtype=np.int32)),
+                pb_utils.Tensor(NUM_OUTPUT_TOKENS, np.array([out.num_output_tokens], dtype=np.int32)),
+            ]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if out.finished else 0)
+
+    def on_error(self, message: str, invalid_argument: bool) -> None:
+        code = pb_utils.TritonError.INVALID_ARG if invalid_argument else pb_utils.TritonError.INTERNAL
+        _send_error(self.sender, message, code)
+
+    def _tokens(self, ids: list[int], text: str) -> list:
+        return [pb_utils.Tensor(OUTPUT_IDS, np.array(ids, dtype=np.int32)),
+                pb_utils.Tensor(TEXT_OUTPUT, np.array([text.encode()], dtype=np.object_))]
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _new_text(self) -> str:
+        # Decoding the whole output and sending the new suffix keeps word-piece joins right.
+        text = self._text(self.token_ids)
+        delta, self.text_sent = text[len(self.text_sent):], text
+        return delta
+
+
+def _send_error(sender, message: str, code) -> None:
+    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code)),
+                flags=FINAL)
+
+
+def _priority(request) -> int:
+    # Triton's request priority (0: the model's default); older stubs do not expose it.
+    priority = getattr(request, "priority", None)
+    return int(priority()) if callable(priority) else 0
+
+
+def _load_tokenizer(path: Path):
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))

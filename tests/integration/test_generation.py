@@ -1,0 +1,150 @@
+"""The continuous-decoding model through the real embedded Triton: gRPC streaming, HTTP generate
+and SSE, bad input, and many concurrent streams with random cancels."""
+import json
+import queue
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from clients.model_spec import load_spec
+
+GPT2 = load_spec("gpt2")
+
+
+def grpc_inputs(**values):
+    inputs = []
+    for name, value in values.items():
+        spec = GPT2.input(name)
+        array = np.array(value, dtype=spec.numpy_dtype).reshape(-1)
+        tensor = grpcclient.InferInput(name, list(array.shape), spec.wire_dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def stream(server, model="gpt2", **values):
+    """All responses of one request over gRPC streaming, until the final one."""
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.opts.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(model, grpc_inputs(**values))
+        responses = []
+        while True:
+            result, error = results.get(timeout=120)
+            if error is not None:
+                raise error
+            responses.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    return responses
+
+
+def http_post(server, path, body):
+    request = urllib.request.Request(f"http://{server.opts.http_url}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return r.read().decode()
+
+
+def kv_blocks_used(server, model):
+    with urllib.request.urlopen(server.opts.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    match = re.search(rf'batchwise_kv_blocks_used{{model="{model}"}} (\S+)', text)
+    assert match, "the KV metric is missing"
+    return float(match.group(1))
+
+
+PROMPT = [2023, 2003, 1037, 3231, 1997]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "gpt2_static"])
+def test_grpc_streaming_matches_non_streaming(server, model):
+    streamed = stream(server, model, input_ids=PROMPT, max_tokens=[8], ignore_eos=[True], stream=[True])
+    assert len(streamed) == 8
+    tokens = [int(r.as_numpy("output_ids")[0]) for r in streamed]
+    assert streamed[-1].as_numpy("finish_reason")[0] == b"length"
+    (whole,) = stream(server, model, input_ids=PROMPT, max_tokens=[8], ignore_eos=[True])
+    assert whole.as_numpy("output_ids").tolist() == tokens
+    text = "".join(r.as_numpy("text_output")[0].decode() for r in streamed)
+    assert text == whole.as_numpy("text_output")[0].decode()
+
+
+def test_http_generate_and_sse(server):
+    whole = json.loads(http_post(server, "/v2/models/gpt2/generate",
+                                 {"input_ids": PROMPT, "max_tokens": 6, "ignore_eos": True}))
+    assert whole["finish_reason"] == "length" and whole["num_output_tokens"] == 6
+    raw = http_post(server, "/v2/models/gpt2/generate_stream",
+                    {"input_ids": PROMPT, "max_tokens": 6, "ignore_eos": True, "stream": True})
+    events = [json.loads(line[len("data: "):]) for line in raw.splitlines() if line.startswith("data: ")]
+    assert len(events) == 6
+    assert [e["output_ids"] for e in events] == whole["output_ids"]
+    assert events[-1]["finish_reason"] == "length"
+
+
+def test_text_in_text_out(server):
+    out = json.loads(http_post(server, "/v2/models/gpt2/generate",
+                               {"text_input": "the cat is", "max_tokens": 4, "ignore_eos": True}))
+    assert out["num_input_tokens"] == 3 and isinstance(out["text_output"], str) and out["text_output"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"input_ids": [1, 2], "max_tokens": -1}, "max_tokens"),
+    ({"input_ids": [1, 99999999]}, "input_ids"),
+    ({"input_ids": [1, 2], "top_p": 0.0}, "top_p"),
+    ({"text_input": ""}, "text_input"),
+    ({"input_ids": list(range(1, 1100))}, "prompt"),
+])
+def test_bad_generation_input_is_refused_and_the_engine_carries_on(server, body, field):
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        http_post(server, "/v2/models/gpt2/generate", body)
+    assert caught.value.code == 400
+    assert field in caught.value.read().decode()
+    ok = json.loads(http_post(server, "/v2/models/gpt2/generate", {"input_ids": PROMPT, "max_tokens": 2}))
+    assert ok["num_output_tokens"] >= 1
+
+
+def test_many_streams_with_random_cancels_leave_no_kv_blocks(server):
+    """100 concurrent streams; a third are cancelled mid-stream by stopping their stream. At the
+    end every KV block is free and the server still answers correctly."""
+    rng = random.Random(0)
+    clients, finals = [], queue.Queue()
+    for i in range(100):
+        client = grpcclient.InferenceServerClient(server.opts.grpc_url)
+
+        def callback(result, error, i=i):
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                finals.put(i)
+
+        client.start_stream(callback=callback)
+        prompt = [rng.randrange(1000, 29000) for _ in range(rng.randint(4, 48))]
+        client.async_stream_infer("gpt2", grpc_inputs(input_ids=prompt, max_tokens=[rng.randint(8, 64)],
+                                                      ignore_eos=[True], stream=[True]))
+        clients.append(client)
+    time.sleep(1.0)
+    cancelled = set(rng.sample(range(100), 33))
+    for i in cancelled:
+        clients[i].stop_stream(cancel_requests=True)
+    done = set()
+    deadline = time.monotonic() + 240
+    while len(done | cancelled) < 100 and time.monotonic() < deadline:
+        try:
+            done.add(finals.get(timeout=1))
+        except queue.Empty:
+            pass
+    for client in clients:
+        client.stop_stream()
+        client.close()
+    assert len(done | cancelled) == 100, f"{100 - len(done | cancelled)} streams never finished"
+    deadline = time.monotonic() + 30
+    while kv_blocks_used(server, "gpt2") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert kv_blocks_used(server, "gpt2") == 0
+    (whole,) = stream(server, input_ids=PROMPT, max_tokens=[3], ignore_eos=[True])
+    assert len(whole.as_numpy("output_ids")) == 3
