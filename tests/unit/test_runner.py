@@ -21,6 +21,7 @@ from backends.continuous_decoding.engine.batch import build_batch
 from backends.continuous_decoding.engine.runner import ModelRunner, NumpyRunner, kv_cache_bytes_per_block
 from backends.continuous_decoding.engine.weights import WeightsError, load_weights
 from scripts import make_decoder_weights as mdw
+from tests.fixtures.small_gpt2 import make_test_checkpoint
 from tests.fixtures.token_agreement import assert_greedy_agreement, log_softmax
 
 SMALL = mdw.RandomShape(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=1000)
@@ -35,21 +36,7 @@ def _quiet(line: str) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = mdw.make_random_checkpoint(tmp_path_factory.mktemp("gpt2"), SMALL, seed=0, log=_quiet)
-    # GPT-2's initialisation leaves biases at 0 and LayerNorms at 1 and 0, where a dropped or swapped
-    # bias would go unnoticed: perturb every 1-D parameter. At init the blocks barely change the residual
-    # stream, and greedy decoding repeats one token; scaling every matrix by 5 makes attention and MLP
-    # matter, gives O(1) logits and varied tokens (top-2 logit gaps measured >= 2.5e-3 in the greedy test).
-    model = GPT2LMHeadModel.from_pretrained(path)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 1:
-                parameter.add_(0.1 * torch.randn_like(parameter))
-            else:
-                parameter.mul_(5.0)
-    model.save_pretrained(path)
-    return path
+    return make_test_checkpoint(tmp_path_factory.mktemp("gpt2"), SMALL)
 
 
 @pytest.fixture(scope="module")

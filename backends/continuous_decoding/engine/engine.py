@@ -11,7 +11,7 @@ from .batch import build_batch
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .runner import ModelRunner, NumpyRunner
-from .sampler import make_generator, sample
+from .sampler import log_softmax, make_generator, sample
 from .sampling_params import InvalidRequest, SamplingParams
 from .scheduler import Scheduler
 from .sequence import FinishReason, Sequence
@@ -28,6 +28,7 @@ class TokenOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    logprobs: np.ndarray | None = None  # [vocab] the row the token was sampled from (record_logprobs)
 
     @property
     def finished(self) -> bool:
@@ -50,7 +51,8 @@ class EngineStats:
 class LLMEngine:
     """Owned by one thread: every method mutates scheduler, cache and sequences without locks."""
 
-    def __init__(self, config: EngineConfig, weights: ModelWeights, runner: ModelRunner | None = None):
+    def __init__(self, config: EngineConfig, weights: ModelWeights, runner: ModelRunner | None = None,
+                 record_logprobs: bool = False):
         model = weights.config
         if config.max_model_len > model.n_positions:
             raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's "
@@ -64,6 +66,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._sequences: dict[int, Sequence] = {}  # unfinished, by id
         self._generators: dict[int, np.random.Generator] = {}
+        self._record_logprobs = record_logprobs  # tests compare whole distributions with a reference
 
     def add_request(self, seq_id: int, prompt_token_ids: list[int], sampling: SamplingParams,
                     priority: int = 0, arrival_s: float | None = None) -> Sequence:
@@ -119,15 +122,16 @@ class LLMEngine:
         seqs = [output.scheduled[r].seq for r in rows]
         tokens, logprobs = sample(logits[rows], [s.sampling for s in seqs],
                                   [self._generators[s.seq_id] for s in seqs])
+        rows_logprobs = log_softmax(logits[rows]) if self._record_logprobs else [None] * len(rows)
         results = []
-        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist()):
+        for seq, token, logprob, row in zip(seqs, tokens.tolist(), logprobs.tolist(), rows_logprobs):
             seq.output_token_ids.append(token)
             self.stats.num_generated_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self._forget(seq)
-            results.append(self._output(seq, token, logprob))
+            results.append(self._output(seq, token, logprob, row))
         return results
 
     def _count_step(self, output, num_tokens: int) -> None:
@@ -153,9 +157,9 @@ class LLMEngine:
         self._generators.pop(seq.seq_id, None)
 
     @staticmethod
-    def _output(seq: Sequence, token: int | None, logprob: float | None) -> TokenOutput:
+    def _output(seq: Sequence, token: int | None, logprob: float | None, row=None) -> TokenOutput:
         return TokenOutput(seq.seq_id, token, logprob, seq.finish_reason, seq.num_prompt_tokens,
-                           len(seq.output_token_ids))
+                           len(seq.output_token_ids), row)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
                  max_steps: int = 1_000_000) -> dict[int, list[TokenOutput]]:
