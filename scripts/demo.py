@@ -87,6 +87,40 @@ def burst(http_url: str, grpc_url: str, num_requests: int, concurrency: int) -> 
     return elapsed, delta
 
 
+def stream_generation(grpc_url: str, prompt: str, max_tokens: int) -> None:
+    """Stream tokens from `gpt2` over gRPC and print them as they arrive."""
+    import queue
+
+    spec = load_spec("gpt2")
+    values = {"text_input": [prompt.encode()], "max_tokens": [max_tokens], "ignore_eos": [True], "stream": [True]}
+    inputs = []
+    for name, value in values.items():
+        array = np.array(value, dtype=spec.input(name).numpy_dtype)
+        tensor = grpcclient.InferInput(name, list(array.shape), spec.input(name).wire_dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    arrived: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        client.start_stream(callback=lambda result, error: arrived.put((time.perf_counter(), result, error)))
+        sent = time.perf_counter()
+        client.async_stream_infer("gpt2", inputs)
+        print(f"\ngpt2 (continuous batching, random weights, so the words are noise), streamed over gRPC:\n  {prompt}",
+              end="", flush=True)
+        times = []
+        while True:
+            at, result, error = arrived.get(timeout=120)
+            if error is not None:
+                raise error
+            times.append(at - sent)
+            print(result.as_numpy("text_output")[0].decode(), end="", flush=True)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                reason = result.as_numpy("finish_reason")[0].decode()
+                break
+        client.stop_stream()
+    tpot = (times[-1] - times[0]) / max(len(times) - 1, 1)
+    print(f"\n  {len(times)} tokens, finish reason {reason}: TTFT {1e3 * times[0]:.0f} ms, TPOT {1e3 * tpot:.0f} ms")
+
+
 def how_to_call(opts: ServerOptions) -> str:
     body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hello world"]}]})
     return f"""
@@ -100,6 +134,9 @@ From Python (tritonclient):
   c = h.InferenceServerClient("127.0.0.1:{DEFAULT_HTTP_PORT}")
   t = h.InferInput("text", [1, 1], "BYTES"); t.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
   c.infer("embed", [t]).as_numpy("embedding")   # (1, 384) float32
+Generation (gpt2, continuous batching; gpt2_static for request-level batching):
+  curl -s localhost:{DEFAULT_HTTP_PORT}/v2/models/gpt2/generate -d '{{"text_input": "hello", "max_tokens": 8}}'
+  curl -sN localhost:{DEFAULT_HTTP_PORT}/v2/models/gpt2/generate_stream -d '{{"text_input": "hello", "max_tokens": 8, "stream": true}}'
 """
 
 
@@ -123,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with server:
         print(f"ready in {time.perf_counter() - started:.1f} s; models: minilm (ONNX, dynamic batching), "
-              f"embed (text -> minilm)")
+              f"embed (text -> minilm), gpt2 and gpt2_static (decoder, continuous and static batching)")
         with httpclient.InferenceServerClient(opts.http_url) as http, \
                 grpcclient.InferenceServerClient(opts.grpc_url) as grpc:
             over_http = embed(httpclient, http, SENTENCES)
@@ -140,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({args.requests / elapsed:.0f} requests/s)")
         print(f"minilm ran them in {executions} executions: average batch {inferences / max(executions, 1):.1f} "
               f"(Triton's dynamic batcher at work; see /v2/models/minilm/stats)")
+        stream_generation(opts.grpc_url, "continuous batching keeps the", 16)
     print("server stopped.")
     print(how_to_call(opts))
     return 0
