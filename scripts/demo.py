@@ -104,7 +104,7 @@ def stream_generation(grpc_url: str, prompt: str, max_tokens: int) -> None:
         client.start_stream(callback=lambda result, error: arrived.put((time.perf_counter(), result, error)))
         sent = time.perf_counter()
         client.async_stream_infer("gpt2", inputs)
-        print(f"\ngpt2 (continuous batching, random weights, so the words are noise), streamed over gRPC:\n  {prompt}",
+        print(f"\ngpt2 (continuous batching, random weights, so the words are noise), streamed over gRPC:\n  {prompt} ",
               end="", flush=True)
         times = []
         while True:

@@ -106,10 +106,8 @@ def main() -> None:
     workload = load_workload(args.workload)
     bind_all_cores()
     if args.mode == "offline":
-        from peer_vllm_offline import run_offline
         result = run_offline(args.model.resolve(), workload)
     else:
-        from peer_vllm_server import run_server
         result = run_server(args.model.resolve(), workload, args.port, args.out.with_suffix(".server.log"))
     check_token_counts(workload, result.requests)
     args.out.parent.mkdir(parents=True, exist_ok=True)
