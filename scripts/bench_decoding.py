@@ -264,16 +264,12 @@ def run_vllm(mode: str, workload: Workload) -> SystemResult:
 
 
 def served_systems(models: list[str], workloads: list[Workload]) -> list[SystemResult]:
-    from scripts.serve import EmbeddedServer, ServerOptions, free_port
+    from scripts.serve import EmbeddedServer, options_on_free_ports
     from scripts.variants import load_config, write_repository
 
     with tempfile.TemporaryDirectory(prefix="batchwise-bench-") as tmp:
         repo = write_repository(Path(tmp) / "repo", {m: load_config(m) for m in models})
-        ports = []
-        while len(ports) < 3:
-            if (p := free_port()) not in ports:
-                ports.append(p)
-        opts = ServerOptions(model_repository=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+        opts = options_on_free_ports(repo)
         results = []
         with EmbeddedServer(opts) as server:
             for workload in workloads:

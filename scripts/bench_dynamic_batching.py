@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from clients.model_spec import MODEL_REPOSITORY, load_spec
-from scripts.serve import EmbeddedServer, ServerOptions, free_port
+from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, with_batching, without_batching, write_repository
 
 MINILM = load_spec("minilm")
@@ -249,11 +249,7 @@ def run_variant(variant: str, config, concurrencies, seq_len: int, seconds: floa
                 repeats: int) -> list[ServedPoint]:
     with tempfile.TemporaryDirectory(prefix="batchwise-bench-") as tmp:
         repo = write_repository(Path(tmp) / "repo", {MINILM.name: config})
-        ports = []
-        while len(ports) < 3:
-            if (p := free_port()) not in ports:
-                ports.append(p)
-        opts = ServerOptions(model_repository=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+        opts = options_on_free_ports(repo)
         points = []
         with EmbeddedServer(opts) as server:
             for c in concurrencies:

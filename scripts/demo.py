@@ -25,7 +25,7 @@ from scripts.serve import (
     DEFAULT_MODEL_REPOSITORY,
     EmbeddedServer,
     ServerOptions,
-    free_port,
+    free_ports,
     port_in_use,
 )
 from scripts.triton_dist import LauncherError
@@ -43,11 +43,7 @@ def choose_ports(host: str) -> tuple[int, int, int]:
     defaults = (DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT)
     if not any(port_in_use(host, p) for p in defaults):
         return defaults
-    ports: list[int] = []
-    while len(ports) < 3:
-        p = free_port(host)
-        if p not in ports:
-            ports.append(p)
+    ports = free_ports(3, host)
     print(f"note: ports {defaults} are taken, using {tuple(ports)} for this demo")
     return tuple(ports)
 

@@ -111,6 +111,21 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
+    """`count` distinct ports that are free now (a later bind may still lose a race)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port(host)) not in ports:
+            ports.append(port)
+    return ports
+
+
+def options_on_free_ports(model_repository: Path, host: str = DEFAULT_HOST) -> ServerOptions:
+    http, grpc, metrics = free_ports(3, host)
+    return ServerOptions(model_repository=Path(model_repository), host=host, http_port=http, grpc_port=grpc,
+                         metrics_port=metrics)
+
+
 def check_ports(opts: ServerOptions) -> None:
     ports = list(opts.ports.values())
     if len(set(ports)) != len(ports):

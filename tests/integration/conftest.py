@@ -6,19 +6,10 @@ from pathlib import Path
 import pytest
 
 from clients.model_spec import MODEL_REPOSITORY
-from scripts.serve import EmbeddedServer, ServerOptions, free_port
+from scripts.serve import EmbeddedServer, options_on_free_ports
 
 ONNX_MODEL = MODEL_REPOSITORY / "minilm" / "1" / "model.onnx"
 SSL_PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "ssl_probe"
-
-
-def distinct_free_ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def copy_repository(dest: Path, models: tuple[str, ...] | None = None) -> Path:
@@ -36,11 +27,6 @@ def copy_repository(dest: Path, models: tuple[str, ...] | None = None) -> Path:
     return dest
 
 
-def server_options(repository: Path) -> ServerOptions:
-    http, grpc, metrics = distinct_free_ports(3)
-    return ServerOptions(model_repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics)
-
-
 @pytest.fixture(scope="session")
 def model_repository(tmp_path_factory) -> Path:
     repo = copy_repository(tmp_path_factory.mktemp("triton") / "model_repository")
@@ -50,7 +36,7 @@ def model_repository(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(model_repository, tmp_path_factory):
-    opts = server_options(model_repository)
+    opts = options_on_free_ports(model_repository)
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with EmbeddedServer(opts, log_path=log) as running:
         yield running

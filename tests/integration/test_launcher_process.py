@@ -13,7 +13,8 @@ import pytest
 
 from scripts.serve import EmbeddedServer, port_in_use
 from scripts.triton_dist import LauncherError
-from tests.integration.conftest import copy_repository, distinct_free_ports, server_options
+from scripts.serve import free_ports, options_on_free_ports
+from tests.integration.conftest import copy_repository
 
 EMBEDDING_MODELS = ("minilm", "embed")  # enough to start; the decoders only add load time
 SERVE = Path(__file__).resolve().parents[2] / "scripts" / "serve.py"
@@ -54,7 +55,7 @@ def serve_process():
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_serve_reports_ready_and_stops_cleanly_on_signal(tmp_path, serve_process, signum):
     repository = copy_repository(tmp_path / "repo", EMBEDDING_MODELS)
-    ports = distinct_free_ports(3)
+    ports = free_ports(3)
     proc = start_serve(repository, ports)
     serve_process.append(proc)
     out = read_until(proc, "ready:")
@@ -73,7 +74,7 @@ def test_serve_fails_clearly_when_a_port_is_taken(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        _, grpc, metrics = distinct_free_ports(3)
+        _, grpc, metrics = free_ports(3)
         result = subprocess.run(
             [sys.executable, str(SERVE), "--model-repository", str(repository), "--http-port", str(taken),
              "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
@@ -90,7 +91,7 @@ def test_a_config_that_disagrees_with_the_graph_fails_with_the_reason(tmp_path):
     shutil.rmtree(repository / "embed")
     config = repository / "minilm" / "config.pbtxt"
     config.write_text(config.read_text().replace("dims: [ 384 ]", "dims: [ 512 ]"))
-    server = EmbeddedServer(server_options(repository), log_path=tmp_path / "log.txt")
+    server = EmbeddedServer(options_on_free_ports(repository), log_path=tmp_path / "log.txt")
     with pytest.raises(LauncherError) as caught:
         server.start(ready_timeout_s=120)
     assert "exited" in str(caught.value)

@@ -40,7 +40,8 @@ def test_a_taken_port_is_named():
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        opts = serve.ServerOptions(http_port=port, grpc_port=serve.free_port(), metrics_port=serve.free_port())
+        grpc, metrics = serve.free_ports(2)
+        opts = serve.ServerOptions(http_port=port, grpc_port=grpc, metrics_port=metrics)
         with pytest.raises(LauncherError, match=f"port {port} .*--http-port.* already in use"):
             serve.check_ports(opts)
 
