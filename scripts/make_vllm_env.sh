@@ -19,8 +19,10 @@ PYTHON="${PYTHON:-$(command -v python3.11 || true)}"
 say() { echo "[make_vllm_env] $*"; }
 fail() { echo "[make_vllm_env] FAILED: $*" >&2; exit 1; }
 
-if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
-    say "already set up: $VENV (vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null))"
+vllm_version() { "$VENV/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null | tail -n 1; }
+
+if [[ -x "$VENV/bin/python" ]] && version="$(vllm_version)" && [[ -n "$version" ]]; then
+    say "already set up: $VENV (vllm $version)"
     exit 0
 fi
 
@@ -53,5 +55,5 @@ say "3/3 removing torchvision, torchaudio, torchcodec"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec || fail "pip uninstall torchvision torchaudio torchcodec"
 
 "$VENV/bin/python" -c 'import vllm' || fail "import vllm still fails in $VENV (see the traceback above)"
-say "done in $(( $(date +%s) - started )) s: vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)'), $(du -sh "$VENV" | cut -f1) at $VENV"
+say "done in $(( $(date +%s) - started )) s: vllm $(vllm_version), $(du -sh "$VENV" | cut -f1) at $VENV"
 say "run the peer with: VLLM_CPU_OMP_THREADS_BIND=0-1 $VENV/bin/python scripts/peer_vllm.py --help"
