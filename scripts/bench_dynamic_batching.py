@@ -170,8 +170,8 @@ class ServedPoint:
     p90_ms: float
     p99_ms: float
     avg_batch_size: float  # server side: inferences / executions
-    avg_queue_us: float
-    avg_compute_us: float
+    avg_queue_us: float  # per request
+    avg_compute_us: float  # per request: the compute time of the batch it ran in
     client_cpu_fraction: float  # load generator CPU seconds per wall second
     kind: str = "served"
 
@@ -240,7 +240,8 @@ def bench_served(variant: str, http_url: str, grpc_url: str, concurrency: int, s
         p50_ms=float(np.percentile(ms, 50)), p90_ms=float(np.percentile(ms, 90)), p99_ms=float(np.percentile(ms, 99)),
         avg_batch_size=d["inferences"] / max(d["executions"], 1),
         avg_queue_us=d["queue_ns"] / max(d["success"], 1) / 1e3,
-        avg_compute_us=d["compute_ns"] / max(d["executions"], 1) / 1e3,
+        # Triton adds a batch's compute time once for every request in it, so divide by requests.
+        avg_compute_us=d["compute_ns"] / max(d["success"], 1) / 1e3,
         client_cpu_fraction=((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)) / wall,
     )
 
