@@ -77,7 +77,10 @@ class EngineLoop:
             for out in outputs:
                 self._deliver(out)
             if self._on_step is not None:
-                self._on_step(self.engine)
+                try:
+                    self._on_step(self.engine)
+                except Exception:  # metrics must never stop the engine
+                    traceback.print_exc()
         self._fail_all("the model is shutting down")
 
     def _admit(self, block: bool) -> None:
@@ -117,12 +120,21 @@ class EngineLoop:
             return
         if out.finished:
             del self._sinks[out.seq_id]
-        sink.on_token(out)
+        try:
+            sink.on_token(out)
+        except Exception:  # this request's sender broke (e.g. the client left): drop it, keep the rest
+            traceback.print_exc()
+            self._sinks.pop(out.seq_id, None)
+            if not out.finished:
+                self.engine.abort(out.seq_id)
 
     def _fail_all(self, message: str) -> None:
         for seq_id, sink in list(self._sinks.items()):
-            self.engine.abort(seq_id)
-            sink.on_error(message, invalid_argument=False)
+            try:
+                self.engine.abort(seq_id)
+                sink.on_error(message, invalid_argument=False)
+            except Exception:
+                traceback.print_exc()
         self._sinks.clear()
 
 
