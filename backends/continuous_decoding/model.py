@@ -49,6 +49,9 @@ class TritonPythonModel:
             except InvalidRequest as e:
                 _send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
+            except Exception as e:  # a bug, not the client's fault: this request alone fails
+                _send_error(sender, f"could not parse the request: {e}", pb_utils.TritonError.INTERNAL)
+                continue
             sink = ResponseSink(sender, parsed.stream, self.tokenizer, len(parsed.prompt_token_ids))
             self.loop.submit(Submission(parsed.prompt_token_ids, parsed.sampling, sink, _priority(request)))
         return None
@@ -76,7 +79,7 @@ class ResponseSink:
             self.token_ids.append(out.token_id)
         if self.stream:
             new_ids = [out.token_id] if out.token_id is not None else []
-            tensors = self._tokens(new_ids, self._new_text())
+            tensors = self._tokens(new_ids, self._new_text(final=out.finished))
         elif out.finished:
             tensors = self._tokens(self.token_ids, self._text(self.token_ids))
         else:
@@ -100,9 +103,14 @@ class ResponseSink:
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _new_text(self) -> str:
-        # Decoding the whole output and sending the new suffix keeps word-piece joins right.
+    def _new_text(self, final: bool) -> str:
+        """The text the new token adds. The whole output is decoded and the new suffix sent, so that
+        word pieces join right; while the decode ends in a partial UTF-8 character (U+FFFD) or
+        rewrites text already sent (byte-level BPE), the delta is held back until it settles."""
         text = self._text(self.token_ids)
+        settled = text.startswith(self.text_sent) and not text.endswith("\ufffd")
+        if not (settled or final) or not text.startswith(self.text_sent):
+            return ""
         delta, self.text_sent = text[len(self.text_sent):], text
         return delta
 
@@ -112,10 +120,15 @@ def _send_error(sender, message: str, code) -> None:
                 flags=FINAL)
 
 
+# Triton's priority 0 means "the model's default level", and 1 is the most urgent; the engine runs
+# lower numbers first, so a request that set none goes behind every level a client asked for.
+DEFAULT_PRIORITY = 1 << 30
+
+
 def _priority(request) -> int:
-    # Triton's request priority (0: the model's default); older stubs do not expose it.
-    priority = getattr(request, "priority", None)
-    return int(priority()) if callable(priority) else 0
+    priority = getattr(request, "priority", None)  # older stubs do not expose it
+    value = int(priority()) if callable(priority) else 0
+    return value if value > 0 else DEFAULT_PRIORITY
 
 
 def _load_tokenizer(path: Path):

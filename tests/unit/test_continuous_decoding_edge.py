@@ -182,3 +182,33 @@ def test_requires_decoupled(edge, weights_dir):
     with pytest.raises(ValueError, match="decoupled"):
         edge.TritonPythonModel().initialize({"model_config": json.dumps(config),
                                              "model_repository": str(weights_dir.parent), "model_version": "1"})
+
+
+class ByteLevelLikeTokenizer:
+    """Decodes like byte-level BPE: a character split across tokens shows as U+FFFD until complete."""
+
+    texts = {1: "hi", 2: "hi \ufffd", 3: "hi \U0001F600", 4: "hi \U0001F600 ok"}
+
+    def decode(self, ids):
+        return self.texts[len(ids)]
+
+
+def test_streamed_text_waits_for_whole_characters(edge, pb_utils):
+    from engine.engine import TokenOutput
+    from engine.sequence import FinishReason
+
+    sender = pb_utils.ResponseSender()
+    sink = edge.ResponseSink(sender, stream=True, tokenizer=ByteLevelLikeTokenizer(), num_prompt_tokens=1)
+    for n in range(1, 5):
+        reason = FinishReason.LENGTH if n == 4 else None
+        sink.on_token(TokenOutput(0, 100 + n, None, reason, 1, n))
+    deltas = [tensor(r, "text_output")[0].decode() for r, _ in sender.responses]
+    assert "".join(deltas) == "hi \U0001F600 ok"
+    assert "\ufffd" not in "".join(deltas)
+    assert len(sender.responses) == 4, "one response per token, even when its text is held back"
+
+
+def test_triton_priority_zero_means_the_default_level(edge, pb_utils):
+    assert edge._priority(pb_utils.DecoupledRequest([], priority=1)) == 1
+    assert edge._priority(pb_utils.DecoupledRequest([], priority=0)) > edge._priority(
+        pb_utils.DecoupledRequest([], priority=2)), "an unset priority runs behind every level asked for"

@@ -86,7 +86,7 @@ class LLMEngine:
         seq = Sequence(seq_id, tokens, sampling, time.monotonic() if arrival_s is None else arrival_s, priority)
         self.scheduler.add(seq)  # raises InvalidRequest for a prompt that can never fit
         self._sequences[seq_id] = seq
-        self._generators[seq_id] = make_generator(sampling, fallback_seed=seq_id)
+        self._generators[seq_id] = make_generator(sampling)
         return seq
 
     def abort(self, seq_id: int) -> TokenOutput | None:

@@ -4,6 +4,7 @@ supplies sinks that encode and send responses."""
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import traceback
 from dataclasses import dataclass
@@ -11,7 +12,6 @@ from typing import Callable, Protocol
 
 from .engine import LLMEngine, TokenOutput
 from .sampling_params import InvalidRequest, SamplingParams
-from .sequence import FinishReason
 
 
 class Sink(Protocol):
@@ -57,6 +57,8 @@ class EngineLoop:
         self._stopped.set()
         self._inbox.put(None)
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            print(f"engine loop still running {timeout_s:.0f} s after stop()", file=sys.stderr)
 
     @property
     def num_active(self) -> int:
@@ -64,24 +66,33 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stopped.is_set():
-            # Block for new work only when idle; while decoding, take whatever has arrived.
-            self._admit(block=not self.engine.has_unfinished())
-            self._poll_cancellations()
-            if not self.engine.has_unfinished():
-                continue
             try:
-                outputs = self.engine.step()
-            except Exception:  # the step failed: every live request ends with the error
+                self._iterate()
+            except Exception:  # never let the thread die: every later request would hang
                 self._fail_all(f"engine step failed: {traceback.format_exc(limit=3)}")
-                continue
-            for out in outputs:
-                self._deliver(out)
-            if self._on_step is not None:
-                try:
-                    self._on_step(self.engine)
-                except Exception:  # metrics must never stop the engine
-                    traceback.print_exc()
         self._fail_all("the model is shutting down")
+        self._refuse_queued("the model is shutting down")
+
+    def _iterate(self) -> None:
+        # Block for new work only when idle; while decoding, take whatever has arrived.
+        self._admit(block=not self.engine.has_unfinished())
+        changed = self._poll_cancellations()
+        if not self.engine.has_unfinished():
+            if changed:
+                self._report()
+            return
+        outputs = self.engine.step()
+        self._report()  # before delivery: a client that saw its final token sees the metrics of that step
+        for out in outputs:
+            self._deliver(out)
+
+    def _report(self) -> None:
+        if self._on_step is None:
+            return
+        try:
+            self._on_step(self.engine)
+        except Exception:  # metrics must never stop the engine
+            traceback.print_exc()
 
     def _admit(self, block: bool) -> None:
         try:
@@ -101,18 +112,31 @@ class EngineLoop:
         try:
             self.engine.add_request(seq_id, sub.prompt_token_ids, sub.sampling, sub.priority)
         except InvalidRequest as e:
-            sub.sink.on_error(str(e), invalid_argument=True)
+            _send_error(sub.sink, str(e), invalid_argument=True)
+            return
+        except Exception as e:  # a bug, not the client's fault: this request alone fails
+            traceback.print_exc()
+            _send_error(sub.sink, f"could not start the request: {e}", invalid_argument=False)
             return
         self._sinks[seq_id] = sub.sink
 
-    def _poll_cancellations(self) -> None:
+    def _poll_cancellations(self) -> bool:
+        """Abort the requests whose clients cancelled; True if any was."""
+        changed = False
         for seq_id, sink in list(self._sinks.items()):
-            if sink.is_cancelled():
+            try:
+                cancelled = sink.is_cancelled()
+            except Exception:
+                traceback.print_exc()
+                cancelled = True
+            if cancelled:
+                changed = True
                 out = self.engine.abort(seq_id)
                 if out is not None:
                     self._deliver(out)
                 else:
                     self._sinks.pop(seq_id, None)
+        return changed
 
     def _deliver(self, out: TokenOutput) -> None:
         sink = self._sinks.get(out.seq_id)
@@ -128,14 +152,28 @@ class EngineLoop:
             if not out.finished:
                 self.engine.abort(out.seq_id)
 
+    def _refuse_queued(self, message: str) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                _send_error(item.sink, message, invalid_argument=False)
+
     def _fail_all(self, message: str) -> None:
         for seq_id, sink in list(self._sinks.items()):
             try:
                 self.engine.abort(seq_id)
-                sink.on_error(message, invalid_argument=False)
             except Exception:
                 traceback.print_exc()
+            _send_error(sink, message, invalid_argument=False)
         self._sinks.clear()
 
 
-__all__ = ["EngineLoop", "Sink", "Submission", "FinishReason"]
+def _send_error(sink: Sink, message: str, invalid_argument: bool) -> None:
+    try:
+        sink.on_error(message, invalid_argument)
+    except Exception:  # the sender is gone too; nothing more can reach this client
+        traceback.print_exc()
+

@@ -13,8 +13,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def make_generator(params: SamplingParams, fallback_seed: int) -> np.random.Generator:
-    return np.random.default_rng(params.seed if params.seed is not None else fallback_seed)
+def make_generator(params: SamplingParams) -> np.random.Generator:
+    """Seeded when the request gives a seed (reproducible), from OS entropy otherwise."""
+    return np.random.default_rng(params.seed)
 
 
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
