@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -150,6 +151,8 @@ class EmbeddedServer:
         self.opts = opts
         self._workdir: Path | None = None
         self._log_path = log_path
+        self._owns_log = log_path is None  # a log we chose is removed after a clean run, kept otherwise
+        self._was_ready = False
         self._log_file = None
         self.process: subprocess.Popen | None = None
 
@@ -157,31 +160,36 @@ class EmbeddedServer:
     def log_path(self) -> Path | None:
         return self._log_path
 
-    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "EmbeddedServer":
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+              should_stop: Callable[[], bool] | None = None) -> "EmbeddedServer":
+        """Start and wait until ready; should_stop (e.g. Ctrl-C seen) abandons the wait."""
         check_ports(self.opts)
         check_model_repository(self.opts.model_repository)
         dist = find_triton()
-        self._workdir = Path(tempfile.mkdtemp(prefix="batchwise-triton-"))
-        backend_dir = assemble_backend_directory(dist, self._workdir / "backends")
-        if self._log_path is None:
-            self._log_path = self._workdir / "tritonserver.log"
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self._log_path, "wb")
-        shm_prefix = f"batchwise_{os.getpid()}_{self.opts.http_port}_"
-        cmd = server_command(dist.binary, backend_dir, self.opts, shm_prefix)
-        self.process = subprocess.Popen(
-            cmd,
-            env=server_environment(dist),
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # signals reach it through us only, so shutdown stays orderly
-        )
         try:
-            self.wait_ready(ready_timeout_s)
+            self._workdir = Path(tempfile.mkdtemp(prefix="batchwise-triton-"))
+            backend_dir = assemble_backend_directory(dist, self._workdir / "backends")
+            if self._log_path is None:
+                fd, name = tempfile.mkstemp(prefix="batchwise-tritonserver-", suffix=".log")
+                os.close(fd)
+                self._log_path = Path(name)
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self._log_path, "wb")
+            shm_prefix = f"batchwise_{os.getpid()}_{self.opts.http_port}_"
+            cmd = server_command(dist.binary, backend_dir, self.opts, shm_prefix)
+            self.process = subprocess.Popen(
+                cmd,
+                env=server_environment(dist),
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # signals reach it through us only, so shutdown stays orderly
+            )
+            self.wait_ready(ready_timeout_s, should_stop)
         except BaseException:
             self.stop()
             raise
+        self._was_ready = True
         return self
 
     def is_ready(self) -> bool:
@@ -191,9 +199,11 @@ class EmbeddedServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, should_stop: Callable[[], bool] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if should_stop is not None and should_stop():
+                raise LauncherError("interrupted before tritonserver was ready")
             if self.process.poll() is not None:
                 raise LauncherError(
                     f"tritonserver exited with code {self.process.returncode} before it was ready.\n"
@@ -230,6 +240,8 @@ class EmbeddedServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self._owns_log and self._was_ready and code == 0 and self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)  # a clean run: nothing in it to read
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -281,14 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"starting tritonserver on {opts.host} (model repository {opts.model_repository}) ...", flush=True)
     try:
-        server.start(args.ready_timeout)
+        server.start(args.ready_timeout, should_stop=lambda: bool(stopping))
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(
         f"ready: HTTP {opts.http_url}  gRPC {opts.grpc_url}  metrics {opts.metrics_url}\n"
         f"  curl http://{opts.http_url}/v2/models/minilm/config\n"
-        f"  python -m clients.demo --url {opts.http_url}\n"
+        f"  curl http://{opts.http_url}/v2/models/gpt2/generate -d '{{\"text_input\": \"hello\", \"max_tokens\": 8}}'\n"
         f"log: {server.log_path}   (Ctrl-C stops the server)",
         flush=True,
     )

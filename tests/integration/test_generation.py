@@ -53,12 +53,16 @@ def http_post(server, path, body):
         return r.read().decode()
 
 
-def kv_blocks_used(server, model):
+def engine_metric(server, model, name):
     with urllib.request.urlopen(server.opts.metrics_url, timeout=5) as r:
         text = r.read().decode()
-    match = re.search(rf'batchwise_kv_blocks_used{{model="{model}"}} (\S+)', text)
-    assert match, "the KV metric is missing"
+    match = re.search(rf'{name}{{model="{model}"}} (\S+)', text)
+    assert match, f"the metric {name} is missing"
     return float(match.group(1))
+
+
+def kv_blocks_used(server, model):
+    return engine_metric(server, model, "batchwise_kv_blocks_used")
 
 
 PROMPT = [2023, 2003, 1037, 3231, 1997]
@@ -111,10 +115,12 @@ def test_bad_generation_input_is_refused_and_the_engine_carries_on(server, body,
 
 
 def test_many_streams_with_random_cancels_leave_no_kv_blocks(server):
-    """100 concurrent streams; a third are cancelled mid-stream by stopping their stream. At the
-    end every KV block is free and the server still answers correctly."""
+    """100 concurrent streams; a third are cancelled mid-stream by stopping their stream. Every other
+    request ends with exactly one final response, the cancelled ones stop generating, every KV block
+    is free at the end, and the server still answers correctly."""
     rng = random.Random(0)
-    clients, finals = [], queue.Queue()
+    generated_before = engine_metric(server, "gpt2", "batchwise_generated_tokens_total")
+    clients, finals, max_tokens = [], queue.Queue(), []
     for i in range(100):
         client = grpcclient.InferenceServerClient(server.opts.grpc_url)
 
@@ -124,27 +130,38 @@ def test_many_streams_with_random_cancels_leave_no_kv_blocks(server):
 
         client.start_stream(callback=callback)
         prompt = [rng.randrange(1000, 29000) for _ in range(rng.randint(4, 48))]
-        client.async_stream_infer("gpt2", grpc_inputs(input_ids=prompt, max_tokens=[rng.randint(8, 64)],
+        max_tokens.append(rng.randint(48, 96))
+        client.async_stream_infer("gpt2", grpc_inputs(input_ids=prompt, max_tokens=[max_tokens[-1]],
                                                       ignore_eos=[True], stream=[True]))
         clients.append(client)
     time.sleep(1.0)
     cancelled = set(rng.sample(range(100), 33))
     for i in cancelled:
         clients[i].stop_stream(cancel_requests=True)
-    done = set()
+    final_counts: dict[int, int] = {}
     deadline = time.monotonic() + 240
-    while len(done | cancelled) < 100 and time.monotonic() < deadline:
+    while len(set(final_counts) | cancelled) < 100 and time.monotonic() < deadline:
         try:
-            done.add(finals.get(timeout=1))
+            i = finals.get(timeout=1)
+            final_counts[i] = final_counts.get(i, 0) + 1
         except queue.Empty:
             pass
+    time.sleep(0.5)  # a second final response, if any, would arrive now
+    while not finals.empty():
+        i = finals.get()
+        final_counts[i] = final_counts.get(i, 0) + 1
     for client in clients:
         client.stop_stream()
         client.close()
-    assert len(done | cancelled) == 100, f"{100 - len(done | cancelled)} streams never finished"
+    missing = set(range(100)) - cancelled - set(final_counts)
+    assert not missing, f"{len(missing)} streams never finished"
+    assert all(n == 1 for n in final_counts.values()), f"more than one final response: {final_counts}"
     deadline = time.monotonic() + 30
     while kv_blocks_used(server, "gpt2") > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert kv_blocks_used(server, "gpt2") == 0
+    generated = engine_metric(server, "gpt2", "batchwise_generated_tokens_total") - generated_before
+    uncancelled = sum(m for i, m in enumerate(max_tokens) if i not in cancelled)
+    assert uncancelled <= generated < sum(max_tokens), "cancelled requests must stop generating"
     (whole,) = stream(server, input_ids=PROMPT, max_tokens=[3], ignore_eos=[True])
     assert len(whole.as_numpy("output_ids")) == 3

@@ -47,9 +47,13 @@ def serve_process():
     procs = []
     yield procs
     for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        if p.poll() is None:  # SIGTERM first: serve.py then stops its tritonserver, which a kill would orphan
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

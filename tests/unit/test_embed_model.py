@@ -138,9 +138,13 @@ def test_bad_texts_fail_their_request_only(embed_module, repository, pb_utils):
 
 def test_truncation_when_asked(embed_module, repository, pb_utils):
     pb_utils.InferenceRequest.bls_handler = FakeEncoder(pb_utils)
+    encoder = FakeEncoder(pb_utils)
+    pb_utils.InferenceRequest.bls_handler = encoder
     model = start(embed_module, repository, max_length="16", length_buckets="16", truncate="true")
     responses = run(model, [text_request(pb_utils, " ".join(["word"] * 20))])
     np.testing.assert_array_equal(embedding(responses[0])[:, :2], [[16, 16]])
+    ids = encoder.calls[0][1]["input_ids"][0]
+    assert ids[0] == 101 and ids[-1] == 102, "the cut keeps [CLS] first and [SEP] last"
 
 
 def test_encoder_error_reaches_the_requests_it_touched(embed_module, repository, pb_utils):

@@ -35,9 +35,13 @@ class TritonPythonModel:
         if not tokenizer_path.is_file():
             raise ConfigError(f"{tokenizer_path} is missing: run `make export`")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        # Padding and truncation are this model's job: buckets and max_length from config.pbtxt.
+        # Padding is this model's job (length buckets); truncation is the tokenizer's, which keeps
+        # [CLS] and [SEP] around the cut. Without truncation an over-long text is refused.
         self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        if self.config.truncate:
+            self.tokenizer.enable_truncation(self.config.max_length)
+        else:
+            self.tokenizer.no_truncation()
 
     async def execute(self, requests):
         responses = [None] * len(requests)

@@ -71,15 +71,14 @@ def decode_texts(raw: np.ndarray) -> list[str]:
 
 
 def tokenize(tokenizer, texts: list[str], config: EmbedConfig) -> list:
-    """Encodings without padding; an over-long text fails its request unless truncation is on."""
+    """Encodings without padding; an over-long text fails its request unless truncation is on. The
+    tokenizer truncates (model.py enables it), so the closing [SEP] survives the cut."""
     encodings = tokenizer.encode_batch(texts)
     for row, enc in enumerate(encodings):
         if len(enc.ids) > config.max_length:
-            if not config.truncate:
-                raise RequestError(
-                    f"text at row {row} is {len(enc.ids)} tokens long, above max_length {config.max_length}"
-                )
-            enc.truncate(config.max_length)
+            raise RequestError(
+                f"text at row {row} is {len(enc.ids)} tokens long, above max_length {config.max_length}"
+            )
     return encodings
 
 
