@@ -42,7 +42,6 @@ class EngineStats:
     num_steps: int = 0
     num_preemptions: int = 0
     num_generated_tokens: int = 0
-    num_prompt_tokens_computed: int = 0
     last_step_num_seqs: int = 0
     last_step_num_tokens: int = 0
     peak_kv_blocks_used: int = 0
@@ -139,7 +138,6 @@ class LLMEngine:
         s.num_steps += 1
         s.last_step_num_seqs = len(output.scheduled)
         s.last_step_num_tokens = num_tokens
-        s.num_prompt_tokens_computed += sum(x.num_new_tokens for x in output.scheduled if x.seq.is_prefill)
         s.peak_kv_blocks_used = max(s.peak_kv_blocks_used, self.block_manager.num_used_blocks)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
