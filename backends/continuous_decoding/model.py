@@ -116,6 +116,9 @@ class ResponseSink:
 
 
 def _send_error(sender, message: str, code) -> None:
+    # A gRPC stream delivers an error's message without its code, so the message names the kind.
+    if code == pb_utils.TritonError.INVALID_ARG:
+        message = f"invalid argument: {message}"
     sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code)),
                 flags=FINAL)
 

@@ -1,0 +1,167 @@
+"""The asyncio generation client: the same streams as `generation`, over grpc.aio and aiohttp.
+Cancelling the consuming task, or leaving `async with` early, cancels the request on the server."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from .connection import Endpoint
+from .embeddings import RequestOptions
+from .errors import ClientError, error_class, to_client_error
+from .generation import Generation, TokenEvent, _assemble, _stream_error
+from .model_spec import load_spec
+from .payloads import GENERATE_MODEL, Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
+    generate_values, parse_sse, tensors
+from .retry import RetryPolicy
+
+
+class AsyncTokenStream:
+    """An async iterator of TokenEvents; `await result()` gives the whole Generation."""
+
+    def __init__(self, client: "AsyncGenerationClient", prompt, sampling: Sampling, options: RequestOptions,
+                 stream: bool):
+        self._client, self._args, self._streamed = client, (prompt, sampling, options, stream), stream
+        self._events: list[TokenEvent] = []
+        self._last: Chunk | None = None
+        self._chunks = None
+        self._done = False
+        self._sent = 0.0
+
+    async def _open(self):
+        attempt, start = 0, time.monotonic()
+        while True:
+            attempt += 1
+            self._sent = time.perf_counter()
+            self._chunks = self._client._chunks(*self._args)
+            try:
+                return await anext(self._chunks)  # connection errors surface with the first response
+            except Exception as exc:
+                await self._chunks.aclose()
+                error = to_client_error(exc)
+                delay = self._client.retry.next_sleep_s(error, attempt, time.monotonic() - start)
+                if delay is None:
+                    raise error from (None if error is exc else exc)
+                await asyncio.sleep(delay)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            chunk = await (self._open() if self._chunks is None else anext(self._chunks))
+        except BaseException:  # CancelledError included: the request must not outlive its task
+            await self.aclose()
+            raise
+        event = TokenEvent(chunk.token_ids, chunk.text, time.perf_counter() - self._sent, chunk.is_final,
+                           chunk.finish_reason)
+        self._events.append(event)
+        if chunk.is_final:
+            self._last = chunk
+            await self.aclose()
+        return event
+
+    async def aclose(self) -> None:
+        """Cancel the request on the server if it is still running, and release the connection."""
+        self._done = True
+        if self._chunks is not None:
+            await self._chunks.aclose()
+
+    async def result(self) -> Generation:
+        async for _ in self:
+            pass
+        e2e = self._events[-1].at_s if self._events else 0.0
+        return _assemble(self._events, self._last, e2e, self._streamed)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+
+class AsyncGenerationClient:
+    def __init__(self, endpoint: Endpoint | None = None, model: str = GENERATE_MODEL,
+                 retry: RetryPolicy | None = None):
+        self.endpoint = endpoint or Endpoint.resolve()
+        self.spec = load_spec(model)
+        self.retry = retry or RetryPolicy()
+
+    def stream(self, prompt: str | list[int], sampling: Sampling = Sampling(),
+               options: RequestOptions = RequestOptions()) -> AsyncTokenStream:
+        return AsyncTokenStream(self, prompt, sampling, options, stream=True)
+
+    async def generate(self, prompt: str | list[int], sampling: Sampling = Sampling(),
+                       options: RequestOptions = RequestOptions()) -> Generation:
+        return await AsyncTokenStream(self, prompt, sampling, options, stream=False).result()
+
+    def _chunks(self, prompt, sampling, options, stream):
+        if self.endpoint.protocol == "grpc":
+            return self._grpc_chunks(prompt, sampling, options, stream)
+        return self._sse_chunks(prompt, sampling, options, stream)
+
+    async def _grpc_chunks(self, prompt, sampling, options, stream):
+        module = self.endpoint.module(asyncio=True)
+        request = {"model_name": self.spec.name, "priority": options.priority, "request_id": options.request_id,
+                   "parameters": options.parameters,
+                   "inputs": tensors(module, self.spec, generate_values(self.spec, prompt, sampling, stream))}
+        if options.timeout_s is not None:
+            request["timeout"] = int(options.timeout_s * 1e6)
+
+        async def requests():
+            yield request
+
+        client = self.endpoint.client(asyncio=True)
+        responses = None
+        finished = False
+        try:
+            responses = client.stream_infer(requests(), stream_timeout=options.timeout_s or self.endpoint.timeout_s)
+            async for result, error in responses:
+                if error is not None:
+                    raise _stream_error(error.message())
+                chunk = chunk_from_result(result)
+                finished = chunk.is_final
+                yield chunk
+                if finished:
+                    return
+            raise ClientError("the server closed the stream before its final response")
+        finally:
+            if responses is not None and not finished:
+                responses.cancel()
+            await client.close()
+
+    async def _sse_chunks(self, prompt, sampling, options, stream):
+        import aiohttp
+
+        if options.priority or options.request_id or options.parameters:
+            raise ValueError("priority, request id and parameters need protocol grpc for generation")
+        path = "generate_stream" if stream else "generate"
+        url = f"http://{self.endpoint.url}/v2/models/{self.spec.name}/{path}"
+        timeout = aiohttp.ClientTimeout(total=options.timeout_s or self.endpoint.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.post(url, json=generate_body(self.spec, prompt, sampling, stream)) as response:
+                if response.status != 200:
+                    raw = await response.text()
+                    try:
+                        message = json.loads(raw).get("error", raw)
+                    except ValueError:
+                        message = raw
+                    raise error_class(response.status, message)(message, str(response.status))
+                if not stream:
+                    yield chunk_from_event(await response.json(), is_final=True)
+                    return
+                lines = []
+                async for line in response.content:  # one line at a time, as the events arrive
+                    lines.append(line)
+                    if line.strip():
+                        continue
+                    for event in parse_sse(lines):
+                        if "error" in event:
+                            raise _stream_error(event["error"])
+                        yield chunk_from_event(event)
+                    lines = []
+                for event in parse_sse(lines):
+                    yield chunk_from_event(event)
+        # Leaving the session closes the connection, which is how an HTTP client cancels.
