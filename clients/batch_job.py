@@ -12,7 +12,7 @@ from pathlib import Path
 from .async_generation import AsyncGenerationClient
 from .connection import Endpoint
 from .embeddings import AsyncEmbeddingClient, RequestOptions
-from .errors import ClientError, UnavailableError
+from .errors import ClientError, NotFoundError, UnavailableError
 from .model_spec import load_spec
 from .payloads import Sampling
 from .progress import Progress
@@ -49,7 +49,7 @@ class JobSummary:
     wall_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    stopped: str | None = None  # why the run ended before finishing, if it did
+    stopped: ClientError | None = None  # why the run ended before finishing, if it did
 
     @property
     def remaining(self) -> int:
@@ -122,7 +122,10 @@ class BatchJob:
         try:
             await asyncio.gather(*workers)
         except UnavailableError as e:
-            summary.stopped = f"the server stayed unavailable for {self.config.max_unavailable_s:g} s: {e.message}"
+            summary.stopped = type(e)(f"the server stayed unavailable for {self.config.max_unavailable_s:g} s: "
+                                      f"{e.message}", e.status)
+        except NotFoundError as e:
+            summary.stopped = e
         finally:
             for task in workers:  # after a failure or Ctrl-C, what is in flight is dropped, not written
                 task.cancel()
@@ -161,7 +164,8 @@ class BatchJob:
 
     async def _process(self, client, batch: list[Record]) -> list[dict]:
         """Results for `batch`; a request refused for one bad record is split so that only that
-        record is written with the error. An UnavailableError (retries spent) propagates."""
+        record is written with the error. Errors that are not about the records propagate and stop
+        the job: the server unavailable past the retry deadline, or no such model."""
         options = RequestOptions(priority=self.config.priority)
         try:
             if self.generation:
@@ -171,7 +175,7 @@ class BatchJob:
                          "finish_reason": g.finish_reason, "num_output_tokens": g.num_output_tokens}]
             vectors = await client.embed([r.text for r in batch], options)
             return [{"id": r.id, "embedding": v.tolist()} for r, v in zip(batch, vectors)]
-        except UnavailableError:
+        except (UnavailableError, NotFoundError):
             raise
         except ClientError as error:
             if len(batch) > 1:

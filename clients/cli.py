@@ -173,7 +173,7 @@ def cmd_batch(args, out) -> int:
         print(line, file=out)
     if summary.stopped:
         print(f"error: stopped: {summary.stopped}; run the same command again to resume", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return EXIT_UNAVAILABLE if isinstance(summary.stopped, UnavailableError) else EXIT_FAILED
     return EXIT_RECORD_ERRORS if summary.errors else EXIT_OK
 
 

@@ -77,7 +77,10 @@ _MESSAGES = (
     ("exceeds maximum queue size", OverloadedError),
     ("request timeout expired", DeadlineExceededError),
     ("deadline exceeded", DeadlineExceededError),
+    ("has no available versions", UnavailableError),  # loading or unloading (a server restart)
+    ("is not ready", UnavailableError),
     ("unknown model", NotFoundError),
+    ("requested model", NotFoundError),  # "requested model 'x' is not available" (statistics, config)
     ("is not found", NotFoundError),
     ("failed to connect", UnavailableError),
     ("connection refused", UnavailableError),
