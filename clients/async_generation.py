@@ -6,14 +6,11 @@ import asyncio
 import json
 import time
 
-from .connection import Endpoint
 from .embeddings import RequestOptions
 from .errors import ClientError, error_class, to_client_error
-from .generation import Generation, TokenEvent, _assemble, _stream_error
-from .model_spec import load_spec
-from .payloads import GENERATE_MODEL, Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
+from .generation import Generation, GenerationSettings, TokenEvent, _assemble, _stream_error
+from .payloads import Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
-from .retry import RetryPolicy
 
 
 class AsyncTokenStream:
@@ -82,13 +79,7 @@ class AsyncTokenStream:
         await self.aclose()
 
 
-class AsyncGenerationClient:
-    def __init__(self, endpoint: Endpoint | None = None, model: str = GENERATE_MODEL,
-                 retry: RetryPolicy | None = None):
-        self.endpoint = endpoint or Endpoint.resolve()
-        self.spec = load_spec(model)
-        self.retry = retry or RetryPolicy()
-
+class AsyncGenerationClient(GenerationSettings):
     def stream(self, prompt: str | list[int], sampling: Sampling = Sampling(),
                options: RequestOptions = RequestOptions()) -> AsyncTokenStream:
         return AsyncTokenStream(self, prompt, sampling, options, stream=True)

@@ -88,3 +88,18 @@ class Endpoint:
         if self.protocol == "grpc":
             return {"client_timeout": timeout_s or self.timeout_s}
         return {}
+
+
+class ClientOwner:
+    """Closes the tritonclient client in `self.client`; usable as a context manager."""
+
+    client: object
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

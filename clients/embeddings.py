@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .connection import Endpoint
+from .connection import ClientOwner, Endpoint
 from .model_spec import ModelSpec, load_spec
 from .payloads import EMBED_MODEL, TOKEN_MODEL, embedding_output, tensors, text_values, token_values
 from .retry import RetryPolicy, acall_with_retry, call_with_retry
@@ -61,9 +61,10 @@ class _EmbeddingBase:
         self.output = embedding_output(self.spec)
 
 
-class EmbeddingClient(_EmbeddingBase):
-    """Sync. Thread-safe over gRPC; over HTTP one client per thread (tritonclient's HTTP client is
-    gevent-based), and the client's own `concurrency` greenlets send the chunks."""
+class EmbeddingClient(_EmbeddingBase, ClientOwner):
+    """Sync. Over gRPC, thread-safe, and the chunks of one call go `concurrency` at a time from a
+    thread pool; over HTTP, one client per thread (tritonclient's HTTP client is gevent-based) and the
+    chunks go one after another: AsyncEmbeddingClient keeps many in flight over either protocol."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -74,7 +75,6 @@ class EmbeddingClient(_EmbeddingBase):
         """[len(texts), dim] float32, in the order of `texts`."""
         chunks = _chunks(list(texts), self.batch_size)
         if len(chunks) == 1 or self.endpoint.protocol == "http":
-            # HTTP: sequential here; tritonclient HTTP's greenlet pool is not retry-aware.
             return np.concatenate([self._embed_chunk(c, options) for c in chunks])
         with ThreadPoolExecutor(self.concurrency) as pool:
             return np.concatenate(list(pool.map(lambda c: self._embed_chunk(c, options), chunks)))
@@ -84,15 +84,6 @@ class EmbeddingClient(_EmbeddingBase):
         kwargs = options.infer_kwargs(self.endpoint)
         result = call_with_retry(lambda: self.client.infer(self.spec.name, inputs, **kwargs), self.retry)
         return result.as_numpy(self.output)
-
-    def close(self) -> None:
-        self.client.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class AsyncEmbeddingClient(_EmbeddingBase):

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator
+from typing import Callable, Iterator
 
 from .connection import Endpoint
 from .embeddings import RequestOptions
@@ -136,15 +136,19 @@ class TokenStream:
         self.cancel()
 
 
-class GenerationClient:
-    """Sync generation client; each stream opens its own gRPC stream (tritonclient's gRPC client runs
-    one stream at a time) or its own HTTP connection."""
+class GenerationSettings:
+    """What both generation clients are made of: where, which model, how to retry."""
 
     def __init__(self, endpoint: Endpoint | None = None, model: str = GENERATE_MODEL,
                  retry: RetryPolicy | None = None):
         self.endpoint = endpoint or Endpoint.resolve()
         self.spec = load_spec(model)
         self.retry = retry or RetryPolicy()
+
+
+class GenerationClient(GenerationSettings):
+    """Sync generation client; each stream opens its own gRPC stream (tritonclient's gRPC client runs
+    one stream at a time) or its own HTTP connection."""
 
     def stream(self, prompt: str | list[int], sampling: Sampling = Sampling(),
                options: RequestOptions = RequestOptions()) -> TokenStream:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
-from .connection import Endpoint
+from .connection import ClientOwner, Endpoint
 from .errors import to_client_error
 from .model_spec import ModelSpec, parse_config, spec_from_config
 
@@ -114,7 +114,7 @@ def _as_dict(message_or_dict) -> dict:
     return json_format.MessageToDict(message_or_dict, preserving_proto_field_name=True)
 
 
-class Admin:
+class Admin(ClientOwner):
     """Health, metadata and statistics; one short-lived tritonclient client per instance."""
 
     def __init__(self, endpoint: Endpoint | None = None):
@@ -152,12 +152,3 @@ class Admin:
         if not entries:
             raise to_client_error(LookupError(f"the server has no statistics for {model!r}"))
         return parse_statistics(entries[0])
-
-    def close(self) -> None:
-        self.client.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .model_spec import MODEL_REPOSITORY, ModelSpec, load_spec
+from .model_spec import MODEL_REPOSITORY, ModelSpec
 
 EMBED_MODEL = "embed"  # text in, embedding out (tokenizer inside the server)
 TOKEN_MODEL = "minilm"  # token ids in, embedding out
