@@ -135,6 +135,11 @@ class TokenStream:
     def __exit__(self, *exc):
         self.cancel()
 
+    def __del__(self):
+        # A loop left with `break` and the stream dropped: the request must not run on unread.
+        if not getattr(self, "_done", True):
+            self.cancel()
+
 
 class GenerationSettings:
     """What both generation clients are made of: where, which model, how to retry."""
