@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import onnxruntime as ort
 
 from clients.model_spec import MODEL_REPOSITORY, load_spec
+from load_tests.server_stats import model_stats
 from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, with_batching, without_batching, write_repository
 
@@ -174,19 +174,6 @@ class ServedPoint:
     avg_compute_us: float  # per request: the compute time of the batch it ran in
     client_cpu_fraction: float  # load generator CPU seconds per wall second
     kind: str = "served"
-
-
-def model_stats(http_url: str, model: str) -> dict:
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=5) as r:
-        s = json.load(r)["model_stats"][0]
-    inf = s["inference_stats"]
-    return {
-        "inferences": int(s.get("inference_count", 0)),
-        "executions": int(s.get("execution_count", 0)),
-        "queue_ns": int(inf["queue"]["ns"]),
-        "compute_ns": sum(int(inf[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")),
-        "success": int(inf["success"]["count"]),
-    }
 
 
 async def closed_loop(grpc_url: str, concurrency: int, seconds: float, seq_len: int, warmup_s: float):

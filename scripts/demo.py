@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import urllib.request
@@ -17,7 +18,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from clients.model_spec import load_spec
+from clients.model_spec import REPO_ROOT, load_spec
 from scripts.serve import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -117,6 +118,33 @@ def stream_generation(grpc_url: str, prompt: str, max_tokens: int) -> None:
     print(f"\n  {len(times)} tokens, finish reason {reason}: TTFT {1e3 * times[0]:.0f} ms, TPOT {1e3 * tpot:.0f} ms")
 
 
+ENVELOPE_OUT = REPO_ROOT / "bench_results" / "envelope" / "demo"
+
+
+def envelope_demo(opts: ServerOptions) -> list[Path]:
+    """A short load envelope of minilm and gpt2 (three points each, a few seconds per point). In its
+    own process: Locust patches sockets with gevent before anything else, which this one cannot."""
+    from load_tests.workload import make_workload
+
+    # One text length, so that the dynamic batcher can put any requests together (it batches equal
+    # shapes only); the `embed` model buckets mixed lengths instead.
+    workload = make_workload("embed", 256, seed=0, lengths="fixed:24").save(ENVELOPE_OUT / "minilm_24_tokens.jsonl")
+    runs = {"minilm": ["--concurrency", "1,4,16", "--duration", "8", "--slo-p99-ms", "250",
+                       "--workload", str(workload)],
+            "gpt2": ["--concurrency", "1,4,8", "--duration", "12", "--window", "3", "--max-tokens", "8",
+                     "--slo-ttft-p99-ms", "1000"]}
+    reports = []
+    for model, args in runs.items():
+        print(f"\nload envelope of {model} (python -m load_tests.envelope --model {model} {' '.join(args)}):",
+              flush=True)
+        cmd = [sys.executable, "-m", "load_tests.envelope", "--model", model, "--url", opts.http_url,
+               "--grpc-url", opts.grpc_url, "--metrics-url", opts.metrics_url, "--warmup", "1",
+               "--out", str(ENVELOPE_OUT / model), *args]
+        if subprocess.run(cmd, cwd=REPO_ROOT).returncode == 0:
+            reports.append(ENVELOPE_OUT / model / "report.html")
+    return reports
+
+
 def how_to_call(opts: ServerOptions) -> str:
     body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hello world"]}]})
     return f"""
@@ -141,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
     p.add_argument("--requests", type=int, default=256, help="requests in the concurrent burst")
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--skip-envelope", action="store_true", help="leave out the closing load envelope")
     args = p.parse_args(argv)
 
     host = "127.0.0.1"
@@ -174,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minilm ran them in {executions} executions: average batch {inferences / max(executions, 1):.1f} "
               f"(Triton's dynamic batcher at work; see /v2/models/minilm/stats)")
         stream_generation(opts.grpc_url, "continuous batching keeps the", 16)
+        reports = [] if args.skip_envelope else envelope_demo(opts)
     print("server stopped.")
     print(how_to_call(opts))
+    for report in reports:
+        print(f"envelope report: {report}")
     return 0
 
 

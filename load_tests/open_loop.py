@@ -1,0 +1,198 @@
+"""The open-loop dispatcher: one greenlet per user class per Locust process sends requests at the
+times of an ArrivalProcess, whatever the server's latency, by handing each arrival to an idle user
+(the users are the pool of clients; one request in flight per user, so `-u` is the in-flight cap).
+
+The rate is split across worker processes (worker index / `--expect-workers`, which `--processes N`
+sets to N). When every user is busy at an arrival, the arrival waits for the next free user: it is
+counted in `cap_hits` and sent late, and its latency still counts from its scheduled time.
+State lives on the gevent hub thread of its process; counters reach the master in worker reports.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import time
+import weakref
+from pathlib import Path
+
+import gevent
+from gevent.event import AsyncResult
+from gevent.queue import Empty, Queue
+
+from .arrivals import ArrivalProcess, OpenLoopStats
+
+logger = logging.getLogger(__name__)
+_REPORT_KEY = "batchwise_open_loop"
+
+
+class Dispatcher:
+    def __init__(self, process: ArrivalProcess, name: str, late_threshold_ms: float):
+        self.process = process
+        self.stats = OpenLoopStats(name, process.rate_per_s, late_threshold_ms=late_threshold_ms)
+        self._idle: Queue = Queue()  # (user's slot, alive flag) of users waiting for an arrival
+        self._greenlet: gevent.Greenlet | None = None
+        self._started_at: float | None = None
+        self._stopped_at: float | None = None
+        self._num_users = 0
+        self._window_s = process.pinned_window_s
+        self._sent_per_window: list[int] = []  # by the window in which each request was actually sent
+
+    def serve(self, user) -> None:
+        """Run in a user's task greenlet until it is killed: wait for an arrival, send it, repeat."""
+        self._num_users += 1
+        self.stats.num_users = max(self.stats.num_users, self._num_users)
+        if self._greenlet is None:
+            self._greenlet = gevent.spawn(self._run)
+        alive = [True]
+        try:
+            while True:
+                slot = AsyncResult()
+                self._idle.put((slot, alive))
+                user.call(scheduled_at=slot.get())
+        finally:
+            alive[0] = False
+            self._num_users -= 1
+
+    def stop(self) -> None:
+        if self._greenlet is not None and self._stopped_at is None:
+            self._stopped_at = time.perf_counter()
+            self._greenlet.kill(block=False)
+
+    def snapshot(self) -> OpenLoopStats:
+        stats = self.stats
+        if self._started_at is not None:
+            stats.elapsed_s = (self._stopped_at or time.perf_counter()) - self._started_at
+            whole = int(stats.elapsed_s // self._window_s) if self._window_s else 0
+            if whole:  # the schedule's own randomness cancels over whole pinned windows
+                stats.measured_s = whole * self._window_s
+                stats.achieved_rate_per_s = sum(self._sent_per_window[:whole]) / stats.measured_s
+            else:
+                stats.measured_s = stats.elapsed_s
+                stats.achieved_rate_per_s = stats.sent / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+        return OpenLoopStats.from_dict(stats.to_dict())
+
+    def _next_user(self, block: bool) -> AsyncResult | None:
+        while True:
+            try:
+                slot, alive = self._idle.get(block=block)
+            except Empty:
+                return None
+            if alive[0]:
+                return slot
+
+    def _run(self) -> None:
+        stats, threshold_s = self.stats, self.stats.late_threshold_ms / 1e3
+        self._started_at = start = time.perf_counter()
+        for offset in self.process.offsets():
+            due = start + offset
+            if (delay := due - time.perf_counter()) > 0:
+                gevent.sleep(delay)
+            stats.scheduled += 1
+            slot = self._next_user(block=False)
+            if slot is None:
+                if stats.cap_hits == 0:
+                    logger.warning("open loop %s: all %d users busy at an arrival; arrivals now wait for a free "
+                                   "user (latency still counts from the scheduled time): raise -u", stats.name,
+                                   self._num_users)
+                stats.cap_hits += 1
+                slot = self._next_user(block=True)
+            now = time.perf_counter()
+            stats.late += now - due > threshold_s
+            stats.max_late_ms = max(stats.max_late_ms, (now - due) * 1e3)
+            stats.sent += 1
+            if self._window_s:
+                window = int((now - start) // self._window_s)
+                self._sent_per_window.extend([0] * (window + 1 - len(self._sent_per_window)))
+                self._sent_per_window[window] += 1
+            slot.set(due)
+
+
+class _State:
+    """Per environment: the local dispatchers, and on a master the workers' latest counters."""
+
+    def __init__(self):
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self.worker_reports: dict[str, list[dict]] = {}
+
+
+_states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def worker_slot(environment) -> tuple[int, int]:
+    """(index, count) of this process among the load-generating processes."""
+    from locust.runners import WorkerRunner
+
+    runner = environment.runner
+    if not isinstance(runner, WorkerRunner):
+        return 0, 1
+    count = int(getattr(environment.parsed_options, "expect_workers", 1) or 1)
+    if runner.worker_index >= count:
+        raise RuntimeError(f"worker index {runner.worker_index} but --expect-workers {count}: start the master "
+                           "with --expect-workers equal to the number of workers, so the rate splits evenly")
+    return runner.worker_index, count
+
+
+def dispatcher_for(user) -> Dispatcher:
+    attach(user.environment)
+    state = _states[user.environment]
+    name = type(user).__name__
+    if name not in state.dispatchers:
+        index, count = worker_slot(user.environment)
+        process = ArrivalProcess(user.arrival_rate, user.arrival_distribution, user.arrival_cv, user.arrival_seed,
+                                 user.arrival_window_s).share(index, count)
+        state.dispatchers[name] = Dispatcher(process, name, user.late_threshold_ms)
+    return state.dispatchers[name]
+
+
+def stats(environment) -> list[OpenLoopStats]:
+    """The run's open-loop counters per user class: this process's dispatchers, or on a master the
+    sum over the workers' latest reports. Empty for a closed-loop run."""
+    state = _states.get(environment)
+    if state is None:
+        return []
+    parts: dict[str, list[OpenLoopStats]] = {}
+    for name, dispatcher in state.dispatchers.items():
+        parts.setdefault(name, []).append(dispatcher.snapshot())
+    for reports in state.worker_reports.values():
+        for report in reports:
+            parts.setdefault(report["name"], []).append(OpenLoopStats.from_dict(report))
+    return [OpenLoopStats.combine(p) for _, p in sorted(parts.items())]
+
+
+def write_csv(environment, path: Path) -> None:
+    rows = [s.to_dict() for s in stats(environment)]
+    if rows:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def attach(environment) -> None:
+    """Hook the dispatchers into the environment's events (once per environment)."""
+    if environment in _states:
+        return
+    state = _states[environment] = _State()
+    events = environment.events
+
+    def on_test_start(**_kw):
+        for dispatcher in state.dispatchers.values():
+            dispatcher.stop()
+        state.dispatchers.clear()
+        state.worker_reports.clear()
+
+    def on_test_stopping(**_kw):
+        for dispatcher in state.dispatchers.values():
+            dispatcher.stop()
+
+    def on_report_to_master(client_id, data, **_kw):
+        data[_REPORT_KEY] = [d.snapshot().to_dict() for d in state.dispatchers.values()]
+
+    def on_worker_report(client_id, data, **_kw):
+        if data.get(_REPORT_KEY):
+            state.worker_reports[client_id] = data[_REPORT_KEY]
+
+    events.test_start.add_listener(on_test_start)
+    events.test_stopping.add_listener(on_test_stopping)
+    events.report_to_master.add_listener(on_report_to_master)
+    events.worker_report.add_listener(on_worker_report)

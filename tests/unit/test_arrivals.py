@@ -1,0 +1,132 @@
+"""The open-loop arrival process (rate, CV, seeding, the split across workers, pinned windows) and
+the dispatcher's bookkeeping, driven with fake users on plain gevent (no Locust, no server)."""
+import time
+
+import gevent
+import numpy as np
+import pytest
+from gevent.event import Event
+
+from load_tests.arrivals import ArrivalProcess, OpenLoopStats, interarrival_stats
+from load_tests.open_loop import Dispatcher
+
+N = 50_000
+
+
+@pytest.mark.parametrize("window_s", [0, None, 5.0])
+def test_poisson_has_the_target_rate_and_a_cv_of_one(window_s):
+    rate, cv = interarrival_stats(ArrivalProcess(40.0, seed=1, window_s=window_s).sample(N))
+    assert rate == pytest.approx(40.0, rel=0.02)
+    assert cv == pytest.approx(1.0, abs=0.05 if window_s is None else 0.03)  # auto: 20 arrivals per window
+
+
+@pytest.mark.parametrize("set_cv", [0.5, 2.0, 3.0])
+@pytest.mark.parametrize("window_s", [0, 50.0])
+def test_gamma_has_the_target_rate_and_the_set_cv(set_cv, window_s):
+    rate, cv = interarrival_stats(ArrivalProcess(40.0, "gamma", cv=set_cv, seed=2, window_s=window_s).sample(N))
+    assert rate == pytest.approx(40.0, rel=0.05)
+    assert cv == pytest.approx(set_cv, rel=0.06)
+
+
+def test_unconditioned_poisson_gaps_are_exponential():
+    gaps = np.diff(np.concatenate([[0.0], ArrivalProcess(10.0, seed=3, window_s=0).sample(N)]))
+    # P(gap > mean) = 1/e for an exponential distribution
+    assert (gaps > 0.1).mean() == pytest.approx(np.exp(-1), abs=0.01)
+
+
+def test_pinned_windows_hold_exactly_their_share_of_arrivals():
+    times = ArrivalProcess(20.0, seed=4, window_s=2.0).sample(4000)
+    counts = np.bincount((times // 2.0).astype(int))
+    assert set(counts[:-1].tolist()) == {40}  # the last window may be cut off by the sample's end
+    # a fractional share is carried over: 2.5 arrivals per 1 s window alternate 2 and 3
+    counts = np.bincount((ArrivalProcess(2.5, seed=4, window_s=1.0).sample(1000) // 1.0).astype(int))[:-1]
+    assert set(counts.tolist()) == {2, 3} and counts.mean() == pytest.approx(2.5, abs=0.01)
+
+
+def test_arrival_times_increase():
+    for process in (ArrivalProcess(100.0, "gamma", cv=3.0, seed=5), ArrivalProcess(100.0, window_s=0)):
+        assert np.all(np.diff(process.sample(5000)) >= 0)
+
+
+def test_the_same_seed_gives_the_same_arrivals_and_another_seed_others():
+    a = ArrivalProcess(30.0, "gamma", cv=2.0, seed=7).sample(500)
+    assert np.array_equal(a, ArrivalProcess(30.0, "gamma", cv=2.0, seed=7).sample(500))
+    assert not np.allclose(a, ArrivalProcess(30.0, "gamma", cv=2.0, seed=8).sample(500))
+
+
+def test_worker_shares_split_the_rate_and_draw_independent_streams():
+    process = ArrivalProcess(90.0, seed=9)
+    shares = [process.share(i, 3) for i in range(3)]
+    assert [s.rate_per_s for s in shares] == [30.0] * 3
+    samples = [s.sample(20_000) for s in shares]
+    assert not np.allclose(samples[0], samples[1])
+    horizon = min(s[-1] for s in samples)
+    merged = np.sort(np.concatenate([s[s <= horizon] for s in samples]))
+    rate, cv = interarrival_stats(merged)
+    assert rate == pytest.approx(90.0, rel=0.02)
+    assert cv == pytest.approx(1.0, abs=0.05)  # the superposition of Poisson streams is Poisson
+    with pytest.raises(ValueError, match="worker index 3"):
+        process.share(3, 3)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"rate_per_s": 0}, "rate_per_s"), ({"rate_per_s": 1, "distribution": "normal"}, "distribution"),
+    ({"rate_per_s": 1, "cv": 0}, "cv"), ({"rate_per_s": 1, "window_s": -1}, "window_s"),
+])
+def test_bad_settings_are_refused_with_the_field_named(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ArrivalProcess(**kwargs)
+
+
+def test_combined_stats_add_up_the_workers():
+    a = OpenLoopStats("U", 10.0, num_users=4, scheduled=100, sent=98, late=3, cap_hits=1, max_late_ms=12.0,
+                      elapsed_s=10.0, achieved_rate_per_s=9.9, measured_s=10.0)
+    b = OpenLoopStats("U", 10.0, num_users=4, scheduled=101, sent=101, late=0, cap_hits=0, max_late_ms=4.0,
+                      elapsed_s=10.5, achieved_rate_per_s=10.0, measured_s=8.0)
+    total = OpenLoopStats.combine([a, b])
+    assert (total.target_rate_per_s, total.num_users, total.scheduled, total.sent) == (20.0, 8, 201, 199)
+    assert (total.late, total.cap_hits, total.max_late_ms, total.elapsed_s) == (3, 1, 12.0, 10.5)
+    assert total.achieved_rate_per_s == pytest.approx(19.9) and total.measured_s == 8.0
+    assert OpenLoopStats.from_dict(total.to_dict()) == total
+
+
+class FakeUser:
+    def __init__(self, release: Event | None = None):
+        self.scheduled, self.called, self.release = [], [], release
+
+    def call(self, scheduled_at):
+        self.scheduled.append(scheduled_at)
+        self.called.append(time.perf_counter())
+        if self.release is not None:
+            self.release.wait()
+
+
+def test_the_dispatcher_hands_arrivals_to_idle_users_on_schedule():
+    dispatcher = Dispatcher(ArrivalProcess(200.0, seed=1), "U", late_threshold_ms=1000.0)
+    users = [FakeUser() for _ in range(8)]
+    greenlets = [gevent.spawn(dispatcher.serve, u) for u in users]
+    gevent.sleep(0.5)
+    dispatcher.stop()
+    gevent.killall(greenlets)
+    stats = dispatcher.snapshot()
+    scheduled = sorted(t for u in users for t in u.scheduled)
+    assert stats.sent == len(scheduled) > 0 and stats.cap_hits == 0 and stats.num_users == 8
+    assert np.all(np.diff(scheduled) >= 0)
+
+
+def test_busy_users_make_arrivals_wait_at_the_cap_and_the_wait_is_counted():
+    release = Event()
+    dispatcher = Dispatcher(ArrivalProcess(1000.0, seed=1), "U", late_threshold_ms=5.0)
+    users = [FakeUser(release) for _ in range(2)]
+    greenlets = [gevent.spawn(dispatcher.serve, u) for u in users]
+    gevent.sleep(0.1)
+    stats = dispatcher.snapshot()
+    assert (stats.scheduled, stats.sent, stats.cap_hits) == (3, 2, 1)  # both users busy: the third waits
+    release.set()
+    gevent.sleep(0.05)
+    dispatcher.stop()
+    gevent.killall(greenlets)
+    stats = dispatcher.snapshot()
+    assert stats.sent > 3 and stats.late >= 1 and stats.max_late_ms > 50.0  # it waited 100 ms
+    # the waiting arrival was sent about 100 ms late, still carrying its own scheduled time
+    assert max(c - s for u in users for s, c in zip(u.scheduled, u.called)) > 0.05
