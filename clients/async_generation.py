@@ -95,7 +95,7 @@ class AsyncGenerationClient(GenerationSettings):
 
     async def _grpc_chunks(self, prompt, sampling, options, stream):
         module = self.endpoint.module(asyncio=True)
-        request = {"model_name": self.spec.name, "priority": options.priority, "request_id": options.request_id,
+        request = {"model_name": self.model, "priority": options.priority, "request_id": options.request_id,
                    "parameters": options.parameters,
                    "inputs": tensors(module, self.spec, generate_values(self.spec, prompt, sampling, stream))}
         if options.timeout_s is not None:
@@ -129,7 +129,7 @@ class AsyncGenerationClient(GenerationSettings):
         if options.priority or options.request_id or options.parameters:
             raise ValueError("priority, request id and parameters need protocol grpc for generation")
         path = "generate_stream" if stream else "generate"
-        url = f"http://{self.endpoint.url}/v2/models/{self.spec.name}/{path}"
+        url = f"http://{self.endpoint.url}/v2/models/{self.model}/{path}"
         timeout = aiohttp.ClientTimeout(total=options.timeout_s or self.endpoint.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with session.post(url, json=generate_body(self.spec, prompt, sampling, stream)) as response:

@@ -47,9 +47,13 @@ def _chunks(texts: list[str], size: int) -> list[list[str]]:
 
 class _EmbeddingBase:
     def __init__(self, endpoint: Endpoint | None = None, model: str = EMBED_MODEL, batch_size: int = 8,
-                 concurrency: int = 4, retry: RetryPolicy | None = None, max_length: int = 256):
+                 concurrency: int = 4, retry: RetryPolicy | None = None, max_length: int = 256,
+                 spec: ModelSpec | None = None):
+        """`spec`: the tensors of a model served under another name (a config variant); by default
+        those of the checked-in model called `model`."""
         self.endpoint = endpoint or Endpoint.resolve()
-        self.spec = load_spec(model)
+        self.model = model
+        self.spec = spec or load_spec(model)
         if self.spec.max_batch_size and batch_size > self.spec.max_batch_size:
             raise ValueError(f"batch_size {batch_size} exceeds {model}'s max_batch_size {self.spec.max_batch_size}")
         if batch_size < 1 or concurrency < 1:
@@ -82,7 +86,7 @@ class EmbeddingClient(_EmbeddingBase, ClientOwner):
     def _embed_chunk(self, texts: list[str], options: RequestOptions) -> np.ndarray:
         inputs = tensors(self.module, self.spec, _values(self.spec, texts, self.max_length))
         kwargs = options.infer_kwargs(self.endpoint)
-        result = call_with_retry(lambda: self.client.infer(self.spec.name, inputs, **kwargs), self.retry)
+        result = call_with_retry(lambda: self.client.infer(self.model, inputs, **kwargs), self.retry)
         return result.as_numpy(self.output)
 
 
@@ -104,7 +108,7 @@ class AsyncEmbeddingClient(_EmbeddingBase):
         inputs = tensors(self.module, self.spec, _values(self.spec, texts, self.max_length))
         kwargs = options.infer_kwargs(self.endpoint)
         async with self._slots:
-            result = await acall_with_retry(lambda: self.client.infer(self.spec.name, inputs, **kwargs), self.retry)
+            result = await acall_with_retry(lambda: self.client.infer(self.model, inputs, **kwargs), self.retry)
         return result.as_numpy(self.output)
 
     async def close(self) -> None:

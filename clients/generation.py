@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 from .connection import Endpoint
 from .embeddings import RequestOptions
 from .errors import ClientError, DeadlineExceededError, error_class, to_client_error
-from .model_spec import load_spec
+from .model_spec import ModelSpec, load_spec
 from .payloads import GENERATE_MODEL, Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
 from .retry import RetryPolicy
@@ -145,9 +145,11 @@ class GenerationSettings:
     """What both generation clients are made of: where, which model, how to retry."""
 
     def __init__(self, endpoint: Endpoint | None = None, model: str = GENERATE_MODEL,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, spec: ModelSpec | None = None):
+        """`spec`: the tensors of a model served under another name (a config variant)."""
         self.endpoint = endpoint or Endpoint.resolve()
-        self.spec = load_spec(model)
+        self.model = model
+        self.spec = spec or load_spec(model)
         self.retry = retry or RetryPolicy()
 
 
@@ -180,7 +182,7 @@ class GenerationClient(GenerationSettings):
         if options.timeout_s is not None:
             kwargs["timeout"] = int(options.timeout_s * 1e6)
         try:
-            client.async_stream_infer(self.spec.name, tensors(module, self.spec,
+            client.async_stream_infer(self.model, tensors(module, self.spec,
                                                               generate_values(self.spec, prompt, sampling, stream)),
                                       **kwargs)
         except BaseException:
@@ -211,7 +213,7 @@ class GenerationClient(GenerationSettings):
             # refuses as unknown; Triton's priority and id travel over gRPC.
             raise ValueError("priority, request id and parameters need protocol grpc for generation")
         body = generate_body(self.spec, prompt, sampling, stream)
-        request = urllib.request.Request(f"http://{self.endpoint.url}/v2/models/{self.spec.name}/{path}",
+        request = urllib.request.Request(f"http://{self.endpoint.url}/v2/models/{self.model}/{path}",
                                          json.dumps(body).encode(), {"Content-Type": "application/json"})
         try:
             response = urllib.request.urlopen(request, timeout=timeout_s)
