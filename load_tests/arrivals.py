@@ -154,6 +154,7 @@ class OpenLoopStats:
 
     def summary(self) -> str:
         return (f"open loop {self.name}: target {self.target_rate_per_s:.2f} req/s, achieved "
-                f"{self.achieved_rate_per_s:.2f} req/s (over {self.measured_s:.1f} of {self.elapsed_s:.1f} s); scheduled {self.scheduled}, "
-                f"sent {self.sent}, late (> {self.late_threshold_ms:g} ms) {self.late}, max lateness "
-                f"{self.max_late_ms:.1f} ms, waited at the in-flight cap ({self.num_users} users) {self.cap_hits}")
+                f"{self.achieved_rate_per_s:.2f} req/s (over {self.measured_s:.1f} of {self.elapsed_s:.1f} s); "
+                f"scheduled {self.scheduled}, sent {self.sent}, late (> {self.late_threshold_ms:g} ms) {self.late}, "
+                f"max lateness {self.max_late_ms:.1f} ms, waited at the in-flight cap ({self.num_users} users) "
+                f"{self.cap_hits}")

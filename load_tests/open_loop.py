@@ -37,26 +37,40 @@ class Dispatcher:
         self._window_s = process.pinned_window_s
         self._sent_per_window: list[int] = []  # by the window in which each request was actually sent
 
+    @property
+    def is_stopped(self) -> bool:
+        return self._stopped_at is not None
+
     def serve(self, user) -> None:
-        """Run in a user's task greenlet until it is killed: wait for an arrival, send it, repeat."""
+        """Run in a user's task greenlet: wait for an arrival, send it, repeat; return when the
+        dispatcher stops (or the user's greenlet is killed)."""
+        if self.is_stopped:
+            return
         self._num_users += 1
         self.stats.num_users = max(self.stats.num_users, self._num_users)
         if self._greenlet is None:
             self._greenlet = gevent.spawn(self._run)
         alive = [True]
         try:
-            while True:
+            while not self.is_stopped:
                 slot = AsyncResult()
                 self._idle.put((slot, alive))
-                user.call(scheduled_at=slot.get())
+                if (scheduled_at := slot.get()) is None:
+                    return
+                user.call(scheduled_at=scheduled_at)
         finally:
             alive[0] = False
             self._num_users -= 1
 
     def stop(self) -> None:
-        if self._greenlet is not None and self._stopped_at is None:
-            self._stopped_at = time.perf_counter()
+        """End the schedule; idle users return from serve(), busy ones after their request."""
+        if self.is_stopped:
+            return
+        self._stopped_at = time.perf_counter()
+        if self._greenlet is not None:
             self._greenlet.kill(block=False)
+        while (slot := self._next_user(block=False)) is not None:
+            slot.set(None)
 
     def snapshot(self) -> OpenLoopStats:
         stats = self.stats
@@ -72,6 +86,7 @@ class Dispatcher:
         return OpenLoopStats.from_dict(stats.to_dict())
 
     def _next_user(self, block: bool) -> AsyncResult | None:
+        """The slot of an idle user that is still alive; None when none is idle and not `block`."""
         while True:
             try:
                 slot, alive = self._idle.get(block=block)
@@ -85,7 +100,7 @@ class Dispatcher:
         self._started_at = start = time.perf_counter()
         for offset in self.process.offsets():
             due = start + offset
-            if (delay := due - time.perf_counter()) > 0:
+            while (delay := due - time.perf_counter()) > 0:  # a timer may fire a little early
                 gevent.sleep(delay)
             stats.scheduled += 1
             slot = self._next_user(block=False)
@@ -118,18 +133,24 @@ class _State:
 _states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def worker_slot(environment) -> tuple[int, int]:
-    """(index, count) of this process among the load-generating processes."""
+def worker_index(environment) -> int:
+    """This process's index among the load-generating processes (0 when it runs alone)."""
     from locust.runners import WorkerRunner
 
-    runner = environment.runner
-    if not isinstance(runner, WorkerRunner):
+    return environment.runner.worker_index if isinstance(environment.runner, WorkerRunner) else 0
+
+
+def worker_slot(environment) -> tuple[int, int]:
+    """(index, count) of this process among the load-generating processes, for splitting a rate."""
+    from locust.runners import WorkerRunner
+
+    if not isinstance(environment.runner, WorkerRunner):
         return 0, 1
-    count = int(getattr(environment.parsed_options, "expect_workers", 1) or 1)
-    if runner.worker_index >= count:
-        raise RuntimeError(f"worker index {runner.worker_index} but --expect-workers {count}: start the master "
-                           "with --expect-workers equal to the number of workers, so the rate splits evenly")
-    return runner.worker_index, count
+    index, count = worker_index(environment), int(getattr(environment.parsed_options, "expect_workers", 1) or 1)
+    if index >= count:
+        raise RuntimeError(f"worker index {index} but --expect-workers {count}: start the master with "
+                           "--expect-workers equal to the number of workers, so that the rate splits evenly")
+    return index, count
 
 
 def dispatcher_for(user) -> Dispatcher:

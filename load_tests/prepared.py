@@ -49,13 +49,12 @@ def _hashable(value):
 
 def prepared_requests(user) -> PreparedRequests:
     """The prepared requests of `user`'s class and settings (built on first use in this process)."""
-    from .open_loop import worker_slot
+    from .open_loop import worker_index
 
     cls = type(user)
     key = (cls, cls.kind, *(_hashable(getattr(cls, name, None)) for name in ("workload", *_SETTINGS)))
     if key not in _cache:
         records = resolve_workload(cls.workload, cls.kind, cls.workload_seed).records
-        worker_index, _ = worker_slot(user.environment)
-        _cache[key] = PreparedRequests([user.prepare(r) for r in records],
-                                       Cursor(len(records), cls.workload_order, cls.workload_seed, worker_index))
+        cursor = Cursor(len(records), cls.workload_order, cls.workload_seed, worker_index(user.environment))
+        _cache[key] = PreparedRequests([user.prepare(r) for r in records], cursor)
     return _cache[key]

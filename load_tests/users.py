@@ -29,108 +29,16 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
-from functools import lru_cache
-from pathlib import Path
 
 from gevent.queue import Empty, Queue
-from geventhttpclient.url import URL
-from locust import User, constant, task
-from locust.contrib.fasthttp import FastHttpUser
 
-from clients.model_spec import ModelSpec, load_spec
+from clients.model_spec import ModelSpec
 from clients.payloads import (Sampling, chunk_from_event, chunk_from_result, embedding_output, generate_body,
                               generate_values, parse_sse, tensors, text_values, token_values)
 
-from . import open_loop
-from .instrument import attach
-from .prepared import prepared_requests
-
-DEFAULT_HTTP_HOST = "http://127.0.0.1:8000"
-DEFAULT_GRPC_HOST = "127.0.0.1:8001"
-
-
-class RequestFailed(Exception):
-    """The server answered, but not with a successful result."""
-
-
-class LoadUser(User):
-    """Settings and the request loop that the users below share."""
-
-    abstract = True
-    wait_time = constant(0)
-    kind = "embed"  # which workload records the user sends
-    request_type = ""
-    model = "embed"
-    spec: ModelSpec | None = None  # default: the checked-in config of `model`
-    workload: str | Path | object | None = None
-    workload_order = "round-robin"
-    workload_seed = 0
-    priority = 0
-    timeout_s = 60.0
-    arrival_rate = 0.0
-    arrival_distribution = "poisson"
-    arrival_cv = 1.0
-    arrival_seed = 0
-    arrival_window_s: float | None = None  # None: auto (arrivals.py); 0: no pinning
-    late_threshold_ms = 10.0
-
-    def on_start(self) -> None:
-        attach(self.environment)
-        self._requests = prepared_requests(self)
-
-    @task
-    def send_next(self) -> None:
-        if self.arrival_rate > 0:
-            open_loop.dispatcher_for(self).serve(self)  # returns only when the user is stopped
-        else:
-            self.call()
-
-    def model_spec(self) -> ModelSpec:
-        return self.spec or load_spec(self.model)
-
-    def call(self, scheduled_at: float | None = None) -> None:
-        started = time.perf_counter()
-        t0 = started if scheduled_at is None else scheduled_at
-        context = {} if scheduled_at is None else {"scheduled_at": scheduled_at, "late_ms": (started - t0) * 1e3}
-        length, exception = 0, None
-        try:
-            length = self.send(self._requests.next(), t0, context)
-        except Exception as e:  # any failure of this request is its result, reported once below
-            exception = e
-        self.environment.events.request.fire(
-            request_type=self.request_type, name=self.model, response_time=(time.perf_counter() - t0) * 1e3,
-            response_length=length, exception=exception, context=context)
-
-    def prepare(self, record):
-        """The request for one workload record, built once per process."""
-        raise NotImplementedError
-
-    def send(self, request, t0: float, context: dict) -> int:
-        """Send one prepared request; return the response's length in bytes, raise on failure."""
-        raise NotImplementedError
-
-
-class _HttpUser(LoadUser, FastHttpUser):
-    abstract = True
-    host = DEFAULT_HTTP_HOST
-    request_type = "http"
-
-    def __init__(self, environment):
-        self.network_timeout = self.connection_timeout = self.timeout_s
-        super().__init__(environment)
-
-    def on_start(self) -> None:
-        super().on_start()
-        # FastHttpUser's own connection pool, without its per-request event (call() fires ours)
-        self._http = self.client.client.clientpool.get_client(URL(self.host))
-
-    def post(self, path: str, body: bytes, headers: dict):
-        response = self._http.request("POST", path, body=body, headers=headers)
-        if response.status_code != 200:
-            raise RequestFailed(f"HTTP {response.status_code}: {response.read()[:300].decode(errors='replace')}")
-        return response
+from .base_user import (DEFAULT_GRPC_HOST, DEFAULT_HTTP_HOST, GrpcLoadUser, HttpLoadUser, LoadUser,  # noqa: F401
+                        RequestFailed, configured, grpc_client, grpc_target)
 
 
 def _embedding_values(spec: ModelSpec, text: str) -> dict:
@@ -139,7 +47,7 @@ def _embedding_values(spec: ModelSpec, text: str) -> dict:
     return text_values(spec, [text]) if not rest and first.wire_dtype == "BYTES" else token_values(spec, [text])
 
 
-class EmbedHttpUser(_HttpUser):
+class EmbedHttpUser(HttpLoadUser):
     """One text per request to /v2/models/<model>/infer, binary tensors both ways."""
 
     def prepare(self, record):
@@ -157,62 +65,7 @@ class EmbedHttpUser(_HttpUser):
         return len(self.post(*request).read())
 
 
-def grpc_target(host: str | None) -> str:
-    host = host or DEFAULT_GRPC_HOST
-    for scheme in ("grpc://", "http://", "https://"):
-        host = host.removeprefix(scheme)
-    return host.rstrip("/")
-
-
-_gevent_grpc_pid: int | None = None
-
-
-@lru_cache(maxsize=1)
-def _client_class():
-    import tritonclient.grpc as grpcclient
-
-    class Client(grpcclient.InferenceServerClient):
-        """Closes its channel once, and never from __del__: in gRPC's gevent mode a channel closed
-        a second time, or while the interpreter shuts down, can hang the process at exit."""
-
-        _is_closed = False
-
-        def close(self):
-            if not self._is_closed:
-                self._is_closed = True
-                super().close()
-
-        def __del__(self):
-            pass
-
-    return Client
-
-
-def grpc_client(host: str | None):
-    """A tritonclient.grpc client for this greenlet world: gRPC's gevent mode is switched on once per
-    process (after any fork of `--processes`), before the first channel. Close it in on_stop."""
-    global _gevent_grpc_pid
-    if _gevent_grpc_pid != os.getpid():
-        import grpc.experimental.gevent as grpc_gevent
-
-        grpc_gevent.init_gevent()
-        _gevent_grpc_pid = os.getpid()
-    return _client_class()(grpc_target(host))
-
-
-class _GrpcUser(LoadUser):
-    abstract = True
-    host = DEFAULT_GRPC_HOST
-
-    def on_start(self) -> None:
-        super().on_start()
-        self._client = grpc_client(self.host)
-
-    def on_stop(self) -> None:
-        self._client.close()
-
-
-class EmbedGrpcUser(_GrpcUser):
+class EmbedGrpcUser(GrpcLoadUser):
     """One text per unary ModelInfer call."""
 
     request_type = "grpc"
@@ -249,7 +102,7 @@ def record_tokens(context: dict, token_times_s: list[float], num_output_tokens: 
     context["num_output_tokens"] = num_output_tokens
 
 
-class GenerateGrpcUser(_GenerateUser, _GrpcUser):
+class GenerateGrpcUser(_GenerateUser, GrpcLoadUser):
     """One bidirectional stream per user; one request on it at a time, one response per token."""
 
     request_type = "grpc-stream"
@@ -299,15 +152,15 @@ class GenerateGrpcUser(_GenerateUser, _GrpcUser):
                 return length
 
 
-class GenerateSseUser(_GenerateUser, _HttpUser):
+class GenerateSseUser(_GenerateUser, HttpLoadUser):
     """POST /v2/models/<model>/generate_stream; one server-sent event per token."""
 
     host = DEFAULT_HTTP_HOST
     request_type = "sse"
 
     def prepare(self, record):
-        body = generate_body(self.model_spec(), record.text, self.sampling(record), stream=True)
-        return f"/v2/models/{self.model}/generate_stream", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        body = json.dumps(generate_body(self.model_spec(), record.text, self.sampling(record), stream=True))
+        return f"/v2/models/{self.model}/generate_stream", body.encode(), {"Content-Type": "application/json"}
 
     def send(self, request, t0, context) -> int:
         response = self.post(*request)
@@ -331,12 +184,3 @@ class GenerateSseUser(_GenerateUser, _HttpUser):
                 record_tokens(context, times, chunk.num_output_tokens or len(times))
                 return length
         raise RequestFailed("the event stream ended without a final event")
-
-
-def configured(cls: type[LoadUser], name: str | None = None, **settings) -> type[LoadUser]:
-    """A subclass of `cls` with other settings, e.g. configured(EmbedHttpUser, model="minilm",
-    arrival_rate=50). Unknown settings are refused."""
-    unknown = sorted(k for k in settings if not hasattr(cls, k))
-    if unknown:
-        raise AttributeError(f"{cls.__name__} has no setting(s) {unknown}")
-    return type(name or cls.__name__, (cls,), dict(settings))

@@ -103,7 +103,8 @@ def vocabulary_words(tokenizer_path: Path | None = None) -> tuple[str, ...]:
     from clients.payloads import load_tokenizer
 
     vocab = (load_tokenizer(tokenizer_path) if tokenizer_path else load_tokenizer()).get_vocab()
-    return tuple(w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if w.isascii() and w.isalpha() and len(w) > 1)
+    words = (w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1]))
+    return tuple(w for w in words if w.isascii() and w.isalpha() and len(w) > 1)
 
 
 def make_workload(kind: str, num: int, seed: int = 0, lengths: str | None = None,

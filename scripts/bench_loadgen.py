@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ def run_once(user_class, num_users: int, warmup_s: float, duration_s: float, ser
     runner.start(num_users, spawn_rate=num_users)
     gevent.sleep(warmup_s)
     env.stats.reset_all()
-    own, cpu0, server_cpu0, t0 = psutil.Process(), time.process_time(), server_cpu_s(server), time.perf_counter()
+    cpu0, server_cpu0, t0 = time.process_time(), server_cpu_s(server), time.perf_counter()
     gevent.sleep(duration_s)
     total, elapsed = env.stats.total, time.perf_counter() - t0
     record = {
@@ -67,7 +66,6 @@ def run_once(user_class, num_users: int, warmup_s: float, duration_s: float, ser
         "p99_ms": total.get_response_time_percentile(0.99),
         "locust_cpu_cores": (time.process_time() - cpu0) / elapsed,
         "server_cpu_cores": (server_cpu_s(server) - server_cpu0) / elapsed,
-        "locust_threads": own.num_threads(),
         "duration_s": elapsed,
     }
     runner.quit()
@@ -107,8 +105,7 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps({
         "benchmark": "loadgen", "model": MODEL, "protocol": "http", "users": args.users,
         "warmup_s": args.warmup, "duration_s": args.duration, "repeats": args.repeats,
-        "median": median, "median_requests_per_s_all": statistics.median(r["requests_per_s"] for r in runs),
-        "runs": runs,
+        "median": median, "runs": runs, "command": " ".join(["python", *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "locust": locust.__version__},
     }, indent=2))

@@ -5,7 +5,7 @@
     locust -f load_tests/locustfiles/embed_grpc.py --web-host 127.0.0.1     # web UI on :8089
 
 The gRPC host is host:port, with or without a grpc:// scheme. `--model minilm` sends token ids;
-`--arrival-rate 50` switches to open-loop arrivals; `locust -f ... --help` lists every setting.
+`--arrival-rate 50` switches to open-loop arrivals. Every setting: load_tests/options.py.
 """
 import sys
 from pathlib import Path

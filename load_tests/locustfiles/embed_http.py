@@ -6,7 +6,7 @@
 
 `--model minilm` sends token ids instead of text; `--arrival-rate 50` switches to open-loop Poisson
 arrivals (`--arrival-distribution gamma --arrival-cv 2` for bursts); `--workload FILE` replays a file
-from `python -m load_tests.workload`. `locust -f ... --help` lists every setting.
+from `python -m load_tests.workload`. Every setting: load_tests/options.py (and the web UI's start form).
 """
 import sys
 from pathlib import Path

@@ -7,7 +7,7 @@ end of a headless run, and in <csv prefix>_tokens.csv.
     locust -f load_tests/locustfiles/generate_grpc.py --web-host 127.0.0.1  # web UI on :8089
 
 `--model gpt2_static` for the static-batching baseline; `--max-tokens 16` caps every request;
-`--arrival-rate 1` switches to open-loop arrivals; `locust -f ... --help` lists every setting.
+`--arrival-rate 1` switches to open-loop arrivals. Every setting: load_tests/options.py.
 """
 import sys
 from pathlib import Path

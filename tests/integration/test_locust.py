@@ -17,7 +17,7 @@ def run_locust(locustfile: str, host: str, csv_prefix: Path, *args: str, users: 
     """Run one headless Locust; return its CSV files (Locust's stats and ours) by suffix."""
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILES / locustfile), "--headless",
                "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--host", host,
-               "--csv", str(csv_prefix), "--only-summary", "--stop-timeout", "10", *args]
+               "--csv", str(csv_prefix), "--only-summary", "--stop-timeout", "5", *args]
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as locust:
         try:
             _, stderr = locust.communicate(timeout=timeout_s)

@@ -4,7 +4,5 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("echo", pb_utils.get_input_tensor_by_name(r, "text").as_numpy())])
-            for r in requests
-        ]
+        texts = [pb_utils.get_input_tensor_by_name(r, "text").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("echo", t)]) for t in texts]
