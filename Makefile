@@ -12,7 +12,7 @@ help:
 	@echo "make demo    set up, export the models, start the embedded Triton, send real requests"
 	@echo "make test    set up and run the whole test suite (unit and integration)"
 	@echo "make serve   run the embedded Triton on 127.0.0.1:8000 (HTTP), 8001 (gRPC), 8002 (metrics)"
-	@echo "make bench   benchmarks -> bench_results/dynamic_batching.json, bench_results/decoding.json"
+	@echo "make bench   benchmarks -> bench_results/*.json (figures and commands: BENCHMARKS.md)"
 
 $(STAMP): pyproject.toml scripts/requirements.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is needed, {sys.executable} is {sys.version.split()[0]}"'
@@ -46,6 +46,9 @@ test-unit: venv
 bench: export
 	$(PY) scripts/bench_dynamic_batching.py
 	$(PY) scripts/bench_decoding.py
+	$(PY) scripts/bench_batch_job.py
+	$(PY) scripts/bench_priority.py --repeats 3
+	$(PY) scripts/bench_loadgen.py
 
 clean:
 	rm -rf $(VENV) bench_results .pytest_cache

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2
 
 from backends.continuous_decoding.engine.config import ConfigError, EngineConfig
-from scripts.variants import with_batching
+from scripts.variants import with_batching, without_batching
 
 DECODING_BACKEND = "continuous_decoding"
 # (option, short label for variant names); batcher options for Triton's dynamic batcher, engine
@@ -70,10 +70,19 @@ def variant_grid(config: model_config_pb2.ModelConfig, model: str, **options) ->
         settings = {option: value for (option, _, _), value in zip(axes, values)}
         name = "_".join(_label(option, short, v) for (option, short, _), v in zip(axes, values)) or "checked_in"
         engine = {k: v for k, v in settings.items() if k in dict(ENGINE_OPTIONS)}
-        rendered = with_batching(
-            with_engine_parameters(config, **engine) if engine else config,
-            max_batch_size=settings.get("max_batch_size"), preferred_batch_sizes=settings.get("preferred_batch_sizes"),
-            max_queue_delay_us=settings.get("batch_window_us"), instance_count=settings.get("instances"))
+        if settings.get("max_batch_size") == 0:
+            # Batching off: no dynamic batcher, the batch axis moves into the tensors' dims.
+            if settings.get("preferred_batch_sizes") or settings.get("batch_window_us"):
+                skipped.append(f"{name}: max_batch_size 0 turns the dynamic batcher off, so it has no "
+                               "preferred sizes or window")
+                continue
+            rendered = with_batching(without_batching(config), instance_count=settings.get("instances"))
+        else:
+            rendered = with_batching(
+                with_engine_parameters(config, **engine) if engine else config,
+                max_batch_size=settings.get("max_batch_size"),
+                preferred_batch_sizes=settings.get("preferred_batch_sizes"),
+                max_queue_delay_us=settings.get("batch_window_us"), instance_count=settings.get("instances"))
         if (problem := _problem(rendered)) is not None:
             skipped.append(f"{name}: {problem}")
             continue

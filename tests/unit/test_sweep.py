@@ -28,6 +28,16 @@ def test_batcher_grid_renders_every_combination_and_skips_refused_ones():
     assert checked_in.SerializeToString() == before
 
 
+def test_max_batch_size_zero_is_batching_off():
+    variants, skipped = variant_grid(load_config("minilm"), "minilm", max_batch_size=[0, 32],
+                                     batch_window_us=[0, 2000])
+    off = [v for v in variants if v.settings["max_batch_size"] == 0]
+    assert len(off) == 1 and len(skipped) == 1 and "turns the dynamic batcher off" in skipped[0]
+    config = off[0].config
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert all(t.dims[0] == -1 for t in config.input)  # the batch axis is part of each tensor now
+
+
 def test_engine_grid_sets_parameters_and_checks_them_with_the_engine():
     variants, skipped = variant_grid(load_config("gpt2"), "gpt2", scheduling=["continuous", "static"],
                                      max_num_seqs=[8, 1024], max_num_batched_tokens=[512])
