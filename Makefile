@@ -40,7 +40,7 @@ serve: export
 test: export
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: venv
+test-unit: export
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: export

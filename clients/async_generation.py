@@ -3,11 +3,10 @@ Cancelling the consuming task, or leaving `async with` early, cancels the reques
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from .embeddings import RequestOptions
-from .errors import ClientError, error_class, to_client_error
+from .errors import ClientError, http_error, to_client_error
 from .generation import Generation, GenerationSettings, TokenEvent, _assemble, _stream_error
 from .payloads import Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
@@ -35,6 +34,8 @@ class AsyncTokenStream:
                 return await anext(self._chunks)  # connection errors surface with the first response
             except Exception as exc:
                 await self._chunks.aclose()
+                if isinstance(exc, (ValueError, KeyError)):  # the caller's mistake: no retry, no mapping
+                    raise
                 error = to_client_error(exc)
                 delay = self._client.retry.next_sleep_s(error, attempt, time.monotonic() - start)
                 if delay is None:
@@ -95,11 +96,8 @@ class AsyncGenerationClient(GenerationSettings):
 
     async def _grpc_chunks(self, prompt, sampling, options, stream):
         module = self.endpoint.module(asyncio=True)
-        request = {"model_name": self.model, "priority": options.priority, "request_id": options.request_id,
-                   "parameters": options.parameters,
+        request = {"model_name": self.model, **options.triton_kwargs(),
                    "inputs": tensors(module, self.spec, generate_values(self.spec, prompt, sampling, stream))}
-        if options.timeout_s is not None:
-            request["timeout"] = int(options.timeout_s * 1e6)
 
         async def requests():
             yield request
@@ -134,12 +132,7 @@ class AsyncGenerationClient(GenerationSettings):
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with session.post(url, json=generate_body(self.spec, prompt, sampling, stream)) as response:
                 if response.status != 200:
-                    raw = await response.text()
-                    try:
-                        message = json.loads(raw).get("error", raw)
-                    except ValueError:
-                        message = raw
-                    raise error_class(response.status, message)(message, str(response.status))
+                    raise http_error(response.status, await response.text())
                 if not stream:
                     yield chunk_from_event(await response.json(), is_final=True)
                     return
@@ -154,5 +147,8 @@ class AsyncGenerationClient(GenerationSettings):
                         yield chunk_from_event(event)
                     lines = []
                 for event in parse_sse(lines):
+                    if "error" in event:
+                        raise _stream_error(event["error"])
                     yield chunk_from_event(event)
+                raise ClientError("the server closed the stream before its final response")
         # Leaving the session closes the connection, which is how an HTTP client cancels.

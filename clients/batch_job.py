@@ -116,9 +116,9 @@ class BatchJob:
         for i in range(0, len(pending), size):
             work.put_nowait(pending[i:i + size])
         progress = Progress(summary.total, stream=self.progress_stream, already_done=summary.skipped)
-        writer = ResultWriter(self.config.output)
         start = time.monotonic()
-        client = self._client()
+        client = self._client()  # before the output is opened: a bad setting leaves no empty file
+        writer = ResultWriter(self.config.output)
         workers = [asyncio.create_task(self._worker(client, work, writer, summary, progress))
                    for _ in range(self.config.concurrency)]
         try:

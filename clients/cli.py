@@ -240,6 +240,10 @@ def main(argv: list[str] | None = None, out=None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except (ValueError, KeyError, FileNotFoundError) as e:  # raised before any request: an unknown
+        # model (no config.pbtxt), a batch size over its max_batch_size, an option the protocol lacks
+        print(f"error: {str(e).strip(chr(34))}", file=sys.stderr)
+        return EXIT_USAGE
     except UnavailableError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE

@@ -11,7 +11,7 @@ import numpy as np
 
 from .connection import ClientOwner, Endpoint
 from .model_spec import ModelSpec, load_spec
-from .payloads import EMBED_MODEL, TOKEN_MODEL, embedding_output, tensors, text_values, token_values
+from .payloads import EMBED_MODEL, ENCODING_FIELDS, TOKEN_MODEL, embedding_output, tensors, text_values, token_values
 from .retry import RetryPolicy, acall_with_retry, call_with_retry
 
 
@@ -26,17 +26,21 @@ class RequestOptions:
     request_id: str = ""
     parameters: dict | None = None
 
-    def infer_kwargs(self, endpoint: Endpoint) -> dict:
+    def triton_kwargs(self) -> dict:
+        """What travels in the request itself (infer() and the stream calls of tritonclient)."""
         kwargs = {"priority": self.priority, "request_id": self.request_id, "parameters": self.parameters}
         if self.timeout_s is not None:
             kwargs["timeout"] = int(self.timeout_s * 1e6)  # Triton's queue timeout, in microseconds
-        return kwargs | endpoint.request_timeout(self.timeout_s)
+        return kwargs
+
+    def infer_kwargs(self, endpoint: Endpoint) -> dict:
+        return self.triton_kwargs() | endpoint.request_timeout(self.timeout_s)
 
 
 def _values(spec: ModelSpec, texts: list[str], max_length: int) -> dict:
     if not texts:
         raise ValueError("no texts to embed")
-    if spec.name == TOKEN_MODEL or "input_ids" in spec.input_names:
+    if spec.name == TOKEN_MODEL or set(spec.input_names) <= set(ENCODING_FIELDS):
         return token_values(spec, texts, max_length)
     return text_values(spec, texts)
 

@@ -3,6 +3,7 @@ hierarchy, with the server's message kept, and a flag for whether a retry is saf
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 
@@ -87,6 +88,11 @@ _MESSAGES = (
 )
 
 
+# The server went away mid-request (it died or restarted), as gRPC's UNAVAILABLE says for its streams:
+# aiohttp's (tritonclient.http.aio, the SSE client) and geventhttpclient's (tritonclient.http) names.
+_DISCONNECTS = ("ServerDisconnectedError", "HTTPConnectionClosed")
+
+
 def error_class(status: str | int | None, message: str) -> type[ClientError]:
     """The exception class for a status (gRPC code, with or without `StatusCode.`, or HTTP status)
     and the server's message."""
@@ -100,6 +106,15 @@ def error_class(status: str | int | None, message: str) -> type[ClientError]:
     if text.isdigit():
         return _HTTP_CODES.get(int(text), ServerError)
     return _GRPC_CODES.get(text, ServerError)
+
+
+def http_error(status: int, body: str) -> ClientError:
+    """The error of an HTTP answer with a non-200 status; Triton's body is {"error": "..."}."""
+    try:
+        message = json.loads(body).get("error", body)
+    except (ValueError, AttributeError):
+        message = body
+    return error_class(status, message)(message, str(status))
 
 
 def to_client_error(exc: BaseException) -> ClientError:
@@ -119,4 +134,6 @@ def to_client_error(exc: BaseException) -> ClientError:
         return DeadlineExceededError(f"no answer within the timeout: {exc}", type(exc).__name__)
     if isinstance(exc, OSError):  # DNS failure, unreachable network: nothing was sent
         return UnavailableError(f"cannot reach the server: {exc}", type(exc).__name__)
+    if type(exc).__name__ in _DISCONNECTS:  # the HTTP stacks' own classes, not OSErrors
+        return UnavailableError(f"the server closed the connection without an answer: {exc}", type(exc).__name__)
     return ServerError(f"{type(exc).__name__}: {exc}")

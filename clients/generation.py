@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from .connection import Endpoint
 from .embeddings import RequestOptions
-from .errors import ClientError, DeadlineExceededError, error_class, to_client_error
+from .errors import ClientError, DeadlineExceededError, error_class, http_error, to_client_error
 from .model_spec import ModelSpec, load_spec
 from .payloads import GENERATE_MODEL, Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
@@ -71,9 +71,10 @@ class TokenStream:
         self._opener, self._retry, self._timeout_s, self._streamed = opener, retry, timeout_s, streamed
         self._events: list[TokenEvent] = []
         self._last: Chunk | None = None
-        self._done = False
+        self._done = True  # until the request is open: a failed open leaves nothing to cancel
         self._sent = time.perf_counter()
         self._next, self._cancel = self._open()
+        self._done = False
 
     def _open(self):
         attempt, start = 0, time.monotonic()
@@ -88,6 +89,8 @@ class TokenStream:
             except Exception as exc:
                 if opened is not None:
                     opened[1](True)
+                if isinstance(exc, (ValueError, KeyError)):  # the caller's mistake: no retry, no mapping
+                    raise
                 error = to_client_error(exc)
                 delay = self._retry.next_sleep_s(error, attempt, time.monotonic() - start)
                 if delay is None:
@@ -175,16 +178,12 @@ class GenerationClient(GenerationSettings):
 
     def _open_grpc(self, prompt, sampling, options, stream, timeout_s):
         module = self.endpoint.module()
+        inputs = tensors(module, self.spec, generate_values(self.spec, prompt, sampling, stream))
         client = self.endpoint.client()
         arrived: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: arrived.put((result, error, time.perf_counter())))
-        kwargs = {"priority": options.priority, "request_id": options.request_id, "parameters": options.parameters}
-        if options.timeout_s is not None:
-            kwargs["timeout"] = int(options.timeout_s * 1e6)
         try:
-            client.async_stream_infer(self.model, tensors(module, self.spec,
-                                                              generate_values(self.spec, prompt, sampling, stream)),
-                                      **kwargs)
+            client.start_stream(callback=lambda result, error: arrived.put((result, error, time.perf_counter())))
+            client.async_stream_infer(self.model, inputs, **options.triton_kwargs())
         except BaseException:
             client.close()
             raise
@@ -218,12 +217,7 @@ class GenerationClient(GenerationSettings):
         try:
             response = urllib.request.urlopen(request, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
-            raw = exc.read().decode(errors="replace")
-            try:
-                message = json.loads(raw).get("error", raw)
-            except ValueError:
-                message = raw
-            raise error_class(exc.code, message)(message, str(exc.code)) from None
+            raise http_error(exc.code, exc.read().decode(errors="replace")) from None
         except urllib.error.URLError as exc:
             raise to_client_error(exc.reason if isinstance(exc.reason, OSError) else exc) from None
         if not stream:

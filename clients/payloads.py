@@ -18,6 +18,15 @@ TOKEN_MODEL = "minilm"  # token ids in, embedding out
 GENERATE_MODEL = "gpt2"
 FINAL_RESPONSE_PARAMETER = "triton_final_response"  # set by Triton on a decoupled model's last response
 
+# The decoding models' tensor names: the convention of Triton's LLM backends, which gpt2 and
+# gpt2_static declare in config.pbtxt (tests/unit/test_client_payloads.py checks the two agree).
+TEXT_INPUT, INPUT_IDS, STREAM = "text_input", "input_ids", "stream"
+LIST_INPUTS = (INPUT_IDS, "stop_token_ids")  # the inputs that carry a list, not one value
+TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON = "text_output", "output_ids", "finish_reason"
+COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
+# The encoder's inputs, by the field of a `tokenizers` Encoding that fills each (as `embed` does).
+ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+
 
 def tensors(module, spec: ModelSpec, values: dict[str, object]) -> list:
     """InferInputs (of tritonclient.http or .grpc, whichever `module` is) for `values`, each converted
@@ -61,18 +70,21 @@ def load_tokenizer(path: Path = MODEL_REPOSITORY / TOKEN_MODEL / "1" / "tokenize
 
 def token_values(spec: ModelSpec, texts: list[str], max_length: int = 256) -> dict[str, np.ndarray]:
     """`minilm`'s inputs for `texts`: token ids, mask and type ids, padded to the longest text."""
+    unknown = [n for n in spec.input_names if n not in ENCODING_FIELDS]
+    if unknown:
+        raise ValueError(f"{spec.name} has inputs {unknown} that a tokenizer does not produce")
     tokenizer = load_tokenizer()
     tokenizer.enable_truncation(max_length)  # keeps [CLS] and [SEP] around the cut, as `embed` does
     encodings = tokenizer.encode_batch(texts)
     length = max(len(e.ids) for e in encodings)
-    rows = {"input_ids": [], "attention_mask": [], "token_type_ids": []}
-    for e in encodings:
-        ids = e.ids
-        pad = length - len(ids)
-        rows["input_ids"].append(ids + [0] * pad)
-        rows["attention_mask"].append([1] * len(ids) + [0] * pad)
-        rows["token_type_ids"].append([0] * length)
-    return {name: np.array(rows[name], dtype=spec.input(name).numpy_dtype) for name in spec.input_names}
+    values = {}
+    for name in spec.input_names:
+        rows = np.zeros((len(encodings), length), dtype=spec.input(name).numpy_dtype)  # 0 pads every field
+        for row, e in zip(rows, encodings):
+            field = getattr(e, ENCODING_FIELDS[name])
+            row[:len(field)] = field
+        values[name] = rows
+    return values
 
 
 @dataclass(frozen=True)
@@ -94,13 +106,13 @@ def generate_values(spec: ModelSpec, prompt: str | list[int], sampling: Sampling
     for token ids; the sampling fields that are set; `stream`."""
     values: dict[str, object] = {}
     if isinstance(prompt, str):
-        values["text_input"] = [prompt]
+        values[TEXT_INPUT] = [prompt]
     else:
-        values["input_ids"] = [int(t) for t in prompt]
+        values[INPUT_IDS] = [int(t) for t in prompt]
     for name, value in asdict(sampling).items():
         if value is not None:
             values[name] = list(value) if isinstance(value, (tuple, list)) else [value]
-    values["stream"] = [stream]
+    values[STREAM] = [stream]
     for name in values:
         spec.input(name)  # KeyError naming the model's inputs if the config lacks one
     return values
@@ -109,7 +121,7 @@ def generate_values(spec: ModelSpec, prompt: str | list[int], sampling: Sampling
 def generate_body(spec: ModelSpec, prompt: str | list[int], sampling: Sampling, stream: bool) -> dict:
     """The JSON body of `/v2/models/<m>/generate[_stream]`: scalars for one-element inputs."""
     values = generate_values(spec, prompt, sampling, stream)
-    return {name: (value if name in ("input_ids", "stop_token_ids") else value[0]) for name, value in values.items()}
+    return {name: (value if name in LIST_INPUTS else value[0]) for name, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -133,10 +145,10 @@ def chunk_from_result(result) -> Chunk:
     def scalar(name):
         return result.as_numpy(name).reshape(-1)[0] if name in names else None
 
-    text = scalar("text_output")
-    reason = scalar("finish_reason")
-    ids = result.as_numpy("output_ids") if "output_ids" in names else np.zeros(0, dtype=np.int32)
-    counts = {k: scalar(k) for k in ("num_input_tokens", "num_output_tokens")}
+    text = scalar(TEXT_OUTPUT)
+    reason = scalar(FINISH_REASON)
+    ids = result.as_numpy(OUTPUT_IDS) if OUTPUT_IDS in names else np.zeros(0, dtype=np.int32)
+    counts = {k: scalar(k) for k in COUNT_OUTPUTS}
     return Chunk(
         token_ids=tuple(int(t) for t in ids.reshape(-1)),
         text=text.decode() if text is not None else "",
@@ -149,15 +161,14 @@ def chunk_from_result(result) -> Chunk:
 def chunk_from_event(event: dict, is_final: bool | None = None) -> Chunk:
     """One JSON object of the HTTP generate extension (a whole `/generate` answer or one SSE event).
     The final event carries the finish reason; the others carry it empty."""
-    reason = event.get("finish_reason") or None
-    ids = event.get("output_ids", [])
+    reason = event.get(FINISH_REASON) or None
+    ids = event.get(OUTPUT_IDS, [])
     return Chunk(
         token_ids=tuple(int(t) for t in (ids if isinstance(ids, list) else [ids])),
-        text=event.get("text_output", "") or "",
+        text=event.get(TEXT_OUTPUT, "") or "",
         is_final=bool(reason) if is_final is None else is_final,
         finish_reason=reason,
-        num_input_tokens=event.get("num_input_tokens"),
-        num_output_tokens=event.get("num_output_tokens"),
+        **{k: event.get(k) for k in COUNT_OUTPUTS},
     )
 
 

@@ -113,10 +113,6 @@ def resume_state(path: str | Path) -> Resume:
     except OSError as e:
         raise InputError(f"{path}: cannot read the output of the earlier run: {e}") from e
     cut = data.rfind(b"\n") + 1
-    if cut < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-            os.fsync(f.fileno())
     done: set[str] = set()
     for number, line in enumerate(data[:cut].splitlines(), start=1):
         if not line.strip():
@@ -126,6 +122,11 @@ def resume_state(path: str | Path) -> Resume:
         except (ValueError, KeyError, TypeError):
             raise InputError(f"{path}: line {number} is not a result line; is this the output of a batch job?") from None
         done.add(str(record_id))
+    # Only once the file has proved to be a job's output: never cut the last line off someone else's file.
+    if cut < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+            os.fsync(f.fileno())
     return Resume(frozenset(done), len(data) - cut)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,7 +50,8 @@ def write_records(path: Path, num_records: int, seq_len: int) -> None:
 def run_job(endpoint: Endpoint, records: Path, model: str, concurrency: int, batch_size: int, workdir: Path) -> dict:
     output = workdir / f"out-{model}-{time.monotonic_ns()}.jsonl"
     config = JobConfig(input=records, output=output, model=model, concurrency=concurrency, batch_size=batch_size)
-    summary = BatchJob(config, endpoint, progress_stream=open("/dev/null", "w")).run()
+    with open(os.devnull, "w") as quiet:
+        summary = BatchJob(config, endpoint, progress_stream=quiet).run()
     assert summary.errors == 0 and summary.remaining == 0, summary.lines()
     return {"records_per_s": summary.done / summary.wall_s, "wall_s": summary.wall_s}
 

@@ -85,6 +85,8 @@ async def mixed_run(endpoint: Endpoint, model: str, seconds: float, rate: float,
 
         await asyncio.gather(interactive(), *(bulk() for _ in range(bulk_concurrency)))
         wall = time.perf_counter() - start
+    if not interactive_s:
+        raise RuntimeError(f"no interactive request to {model} succeeded: {errors}")
     ms = lambda q: 1e3 * percentile(interactive_s, q)  # noqa: E731
     return {"model": model, "interactive_requests": len(interactive_s), "interactive_p50_ms": ms(50),
             "interactive_p90_ms": ms(90), "interactive_p99_ms": ms(99), "bulk_rows_per_s": bulk_rows / wall,

@@ -161,14 +161,15 @@ def test_every_cli_command(server, tmp_path):
     assert code == 0 and "ready" in out and "minilm" in out
     code, out = run_cli("models", *grpc)
     assert code == 0 and re.search(r"minilm\s+READY\s+onnxruntime\s+dynamic", out) and "continuous" in out
-    code, out = run_cli("stats", "minilm", *http)
-    assert code == 0 and "average batch" in out and "batch size" in out
     code, out = run_cli("embed", "hello world", "a second text", *grpc)
     assert code == 0 and out.count("dim 384, norm 1.000") == 2
     texts = tmp_path / "texts.txt"
     texts.write_text("one\ntwo\n\nthree\n")
     code, out = run_cli("embed", "--input", str(texts), "--json", "--model", "minilm", *http)
     assert code == 0 and [json.loads(l)["text"] for l in out.splitlines()] == ["one", "two", "three"]
+    # after the embeds above, so that minilm has batches to show even when this test runs alone
+    code, out = run_cli("stats", "minilm", *http)
+    assert code == 0 and "average batch" in out and "batch size" in out
     code, out = run_cli("generate", "the cat", "--max-tokens", "4", "--ignore-eos", "--stream", *grpc)
     assert code == 0 and out.strip()
     records = tmp_path / "in.jsonl"
@@ -251,14 +252,17 @@ def test_a_batch_job_killed_with_sigkill_resumes_to_every_id_exactly_once(server
     check_exactly_once(output, texts, endpoints(server)["grpc"])
 
 
-def test_a_batch_job_completes_across_a_server_restart(tmp_path):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_batch_job_completes_across_a_server_restart(tmp_path, protocol):
     repo = copy_repository(tmp_path / "model_repository", models=("minilm",))
     opts = options_on_free_ports(repo)
-    texts = write_records(tmp_path / "in.jsonl", 300)
+    # Enough records that the job is still running when the server has gone (at ~100 records/s).
+    texts = write_records(tmp_path / "in.jsonl", 1500)
     output = tmp_path / "out.jsonl"
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
-    command = batch_command(tmp_path / "in.jsonl", output, opts.grpc_url, "--concurrency", "4",
-                            "--max-unavailable", "120")
+    url = opts.grpc_url if protocol == "grpc" else opts.http_url
+    command = batch_command(tmp_path / "in.jsonl", output, url, "--concurrency", "4", "--max-unavailable", "120")
+    command[command.index("--protocol") + 1] = protocol
     with EmbeddedServer(opts, log_path=tmp_path / "first.log"):
         job = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)

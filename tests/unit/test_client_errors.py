@@ -2,7 +2,9 @@
 import random
 import socket
 
+import aiohttp
 import pytest
+from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from clients import errors
@@ -40,6 +42,8 @@ def test_server_errors_map_to_the_toolkit_hierarchy_keeping_the_message(status, 
     (socket.gaierror(-2, "Name or service not known"), errors.UnavailableError),
     (socket.timeout("timed out"), errors.DeadlineExceededError),
     (ValueError("boom"), errors.ServerError),
+    (aiohttp.ServerDisconnectedError(), errors.UnavailableError),
+    (HTTPConnectionClosed("connection closed."), errors.UnavailableError),
 ])
 def test_transport_errors_map_too(exc, expected):
     assert type(errors.to_client_error(exc)) is expected

@@ -42,6 +42,29 @@ def test_generation_values_use_the_declared_inputs_and_only_the_set_fields():
         generate_values(load_spec("minilm"), "hi", Sampling(), stream=False)
 
 
+def test_the_client_names_are_the_ones_the_configs_declare():
+    from clients import payloads
+
+    for model in ("gpt2", "gpt2_static"):
+        spec = load_spec(model)
+        assert {payloads.TEXT_INPUT, payloads.INPUT_IDS, payloads.STREAM, *payloads.LIST_INPUTS} <= set(spec.input_names)
+        assert set(Sampling.__dataclass_fields__) <= set(spec.input_names)
+        assert {payloads.TEXT_OUTPUT, payloads.OUTPUT_IDS, payloads.FINISH_REASON, *payloads.COUNT_OUTPUTS} == \
+            set(spec.output_names)
+    assert set(load_spec("minilm").input_names) == set(payloads.ENCODING_FIELDS)
+
+
+def test_token_values_pad_to_the_longest_text_and_keep_sep_when_truncating():
+    from clients.payloads import token_values
+
+    values = token_values(load_spec("minilm"), ["a b c", "hello there my friend"])
+    assert values["input_ids"].tolist() == [[101, 1037, 1038, 1039, 102, 0], [101, 7592, 2045, 2026, 2767, 102]]
+    assert values["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [1] * 6]
+    assert values["token_type_ids"].tolist() == [[0] * 6] * 2
+    long = token_values(load_spec("minilm"), ["word " * 400], max_length=64)["input_ids"]
+    assert long.shape == (1, 64) and long[0, 0] == 101 and long[0, -1] == 102
+
+
 def test_sse_events_and_chunks():
     raw = [b'data: {"output_ids": 5, "text_output": "a", "finish_reason": ""}\n', b"\n",
            b'data: {"output_ids": 6, "text_output": "b", "finish_reason": "length", "num_output_tokens": 2}\n', b"\n"]
