@@ -2,12 +2,14 @@
 chosen coefficient of variation (CV > 1 is burstier than Poisson), at a target rate, seeded; and the
 counters of the dispatcher that sends requests at those times.
 
-A Poisson count over a short run is noisy (200 arrivals vary by ±7 %), so by default the rate is
-pinned per window: each window holds exactly its share of arrivals (fractions carried over), placed
-as the process conditioned on that count would place them (uniform order statistics for Poisson,
-Dirichlet spacings for gamma). Within a window the arrivals keep the process's burstiness; over whole
-windows the rate is the target. The window is long enough for 20 arrivals and at least 1 s (the gaps'
-CV is then within 5 % of the process's); `window_s=0` gives the unconditioned renewal process.
+By default the process is the renewal process itself: the number of arrivals in any stretch of time
+varies as it does in production (a Poisson count of 200 has a standard deviation of 14, ±7 %), and
+that variance is part of what queueing, and so p99, responds to. Pinning (`window_s` > 0, or None
+for auto: 20 arrivals and at least 1 s) is an opt-in variance reduction: each window then holds
+exactly its share of arrivals (fractions carried over), placed as the process conditioned on that
+count would place them (uniform order statistics for Poisson, Dirichlet spacings for gamma). Within a
+window the arrivals keep the process's burstiness, but across windows the count no longer varies, so
+a pinned run understates queueing at time scales of a window and longer.
 No gevent or Locust here: open_loop.py drives this from a greenlet.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ class ArrivalProcess:
     distribution: str = "poisson"
     cv: float = 1.0  # gamma only; Poisson's is 1
     seed: int = 0
-    window_s: float | None = None  # None: auto (20 arrivals, at least 1 s); 0: no pinning
+    window_s: float | None = 0.0  # 0: no pinning (the process itself); > 0: pin per window; None: auto
     stream: int = 0  # which worker's share: independent draws per stream
 
     def __post_init__(self):
@@ -39,7 +41,7 @@ class ArrivalProcess:
         if not self.cv > 0:
             raise ValueError(f"cv must be > 0, got {self.cv}")
         if self.window_s is not None and self.window_s < 0:
-            raise ValueError(f"window_s must be >= 0 (0: no pinning, None: auto), got {self.window_s}")
+            raise ValueError(f"window_s must be >= 0 (0: no pinning, > 0: pinned, None: auto), got {self.window_s}")
 
     @property
     def pinned_window_s(self) -> float | None:
@@ -109,8 +111,11 @@ class OpenLoopStats:
     """Counters of one dispatcher (or, combined, of a whole run). An arrival is `late` when it was
     handed to a user more than `late_threshold_ms` after its scheduled time; `cap_hits` counts
     arrivals that found every user busy and waited for one (their latency still counts from the
-    scheduled time). `achieved_rate_per_s`: requests actually sent per second over `measured_s`,
-    the whole pinned windows that ended before the run did (all of it when nothing is pinned)."""
+    scheduled time). Over `measured_s` (the whole run; when pinned, the whole pinned windows that
+    ended before it did): `scheduled_rate_per_s` is the rate of the schedule actually drawn, which
+    differs from the target by the process's own noise (about 1/sqrt(arrivals) for Poisson) unless
+    pinned, and `achieved_rate_per_s` the requests actually sent per second, which a dispatcher that
+    keeps up holds to the schedule's rate whatever the server's latency."""
 
     name: str
     target_rate_per_s: float
@@ -121,6 +126,7 @@ class OpenLoopStats:
     cap_hits: int = 0
     max_late_ms: float = 0.0
     elapsed_s: float = 0.0
+    scheduled_rate_per_s: float = 0.0
     achieved_rate_per_s: float = 0.0
     measured_s: float = 0.0
     late_threshold_ms: float = 10.0
@@ -147,14 +153,16 @@ class OpenLoopStats:
             cap_hits=sum(p.cap_hits for p in parts),
             max_late_ms=max(p.max_late_ms for p in parts),
             elapsed_s=max(p.elapsed_s for p in parts),
+            scheduled_rate_per_s=sum(p.scheduled_rate_per_s for p in parts),
             achieved_rate_per_s=sum(p.achieved_rate_per_s for p in parts),
             measured_s=min(p.measured_s for p in parts),
             late_threshold_ms=parts[0].late_threshold_ms,
         )
 
     def summary(self) -> str:
-        return (f"open loop {self.name}: target {self.target_rate_per_s:.2f} req/s, achieved "
-                f"{self.achieved_rate_per_s:.2f} req/s (over {self.measured_s:.1f} of {self.elapsed_s:.1f} s); "
+        return (f"open loop {self.name}: target {self.target_rate_per_s:.2f} req/s, scheduled "
+                f"{self.scheduled_rate_per_s:.2f} req/s, achieved {self.achieved_rate_per_s:.2f} req/s "
+                f"(over {self.measured_s:.1f} of {self.elapsed_s:.1f} s); "
                 f"scheduled {self.scheduled}, sent {self.sent}, late (> {self.late_threshold_ms:g} ms) {self.late}, "
                 f"max lateness {self.max_late_ms:.1f} ms, waited at the in-flight cap ({self.num_users} users) "
                 f"{self.cap_hits}")

@@ -46,7 +46,7 @@ class LoadUser(User):
     arrival_distribution = "poisson"
     arrival_cv = 1.0
     arrival_seed = 0
-    arrival_window_s: float | None = None  # None: auto (arrivals.py); 0: no pinning
+    arrival_window_s: float | None = 0.0  # 0: unpinned; > 0 or None (auto): pinned, see arrivals.py
     late_threshold_ms = 10.0
 
     def on_start(self) -> None:
@@ -160,7 +160,9 @@ class GrpcLoadUser(LoadUser):
         self._client = grpc_client(self.host)
 
     def on_stop(self) -> None:
-        self._client.close()
+        # Locust calls on_stop also for a user stopped before on_start got as far as its client.
+        if (client := getattr(self, "_client", None)) is not None:
+            client.close()
 
 
 def configured(cls: type[LoadUser], name: str | None = None, **settings) -> type[LoadUser]:

@@ -55,6 +55,7 @@ class EnvelopeConfig:
     max_tokens: int = 16  # generation models only
     max_in_flight: int | None = None  # open loop: users in the pool; default from the rate
     workload: Path | None = None  # a load_tests.workload file; default: one made in memory
+    pin_arrivals: bool = False  # open loop: each window offers exactly the rate (variance reduction)
     slo: Slo = field(default_factory=Slo)
     out: Path = DEFAULT_OUT
     variant: str = ""
@@ -77,13 +78,15 @@ class EnvelopeConfig:
             raise ValueError(f"--protocol must be http or grpc, got {self.protocol!r}")
         if self.window_s <= 0 or self.warmup_s < 0:
             raise ValueError(f"--window must be > 0 and --warmup >= 0, got {self.window_s} and {self.warmup_s}")
-        if self.duration_s < self.warmup_s + 3 * self.window_s:
-            raise ValueError(f"--duration {self.duration_s:g} s leaves no room for the warm-up ({self.warmup_s:g} s) "
-                             f"and the 3 windows of {self.window_s:g} s that stability needs")
+        _ = self.timing  # PointTiming refuses a duration without room for the windows that stability needs
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
+
+    @property
+    def timing(self) -> PointTiming:
+        return PointTiming(self.duration_s, self.warmup_s, self.window_s, self.tolerance)
 
     @property
     def load_url(self) -> str:
@@ -100,9 +103,10 @@ class EnvelopeConfig:
         # Little's law: rate x 2 s covers latencies up to 2 s before arrivals wait for a free user
         # (they are counted as cap hits, and their latency still runs from the scheduled time).
         count = self.max_in_flight or min(256, max(8, math.ceil(2.0 * load) + 4))
-        # Arrivals are pinned per measurement window, so that a window's count is the target rate and
-        # the stability rule judges the server rather than the Poisson count's own noise.
-        settings |= {"arrival_rate": load, "arrival_window_s": self.window_s}
+        # Unpinned by default: the count's own variance is part of the load that queueing and p99
+        # answer to. Pinned per measurement window (opt-in), each window offers exactly the rate, so
+        # the stability rule sees less noise at low rates, at the price of understating queueing.
+        settings |= {"arrival_rate": load, "arrival_window_s": self.window_s if self.pin_arrivals else 0.0}
         return configured(USERS[is_generation, self.protocol], **settings), count
 
     def settings(self) -> dict:
@@ -166,7 +170,7 @@ def run_envelope(cfg: EnvelopeConfig) -> EnvelopeRun:
     config = model_config(cfg.url, cfg.model)
     check_metrics(cfg)
     is_generation = bool(config.get("model_transaction_policy", {}).get("decoupled"))
-    timing = PointTiming(cfg.duration_s, cfg.warmup_s, cfg.window_s, cfg.tolerance)
+    timing = cfg.timing
     server = ServerAddress(cfg.url, cfg.metrics_url, cfg.model)
     points: list[PointResult] = []
     settings = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
@@ -187,8 +191,8 @@ def run_envelope(cfg: EnvelopeConfig) -> EnvelopeRun:
               f"{point.throughput_rps:.1f} req/s, p50 {_ms(point.p50_ms)}, p99 {_ms(point.p99_ms)}, "
               f"errors {point.errors}, client CPU {point.client_cpu_fraction or 0:.2f}", flush=True)
         points.append(point)
-    paths = write_report(cfg.out, settings, points, cfg.slo)
-    return EnvelopeRun(points, paths, verdicts(points, summarize_envelope(points, cfg.slo)))
+    paths = write_report(cfg.out, settings, points, cfg.slo, cfg.tolerance)
+    return EnvelopeRun(points, paths, verdicts(points, summarize_envelope(points, cfg.slo), cfg.tolerance))
 
 
 def _ms(value: float | None) -> str:
@@ -213,11 +217,14 @@ def parse_args(argv=None) -> EnvelopeConfig:
     p.add_argument("--metrics-url", help="Triton's metrics URL (default: http://<--url host>:8002/metrics)")
     p.add_argument("--protocol", choices=("grpc", "http"), default=EnvelopeConfig.protocol)
     p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
-                   help="most seconds per point, warm-up included")
+                   help="seconds per point, warm-up included: a point runs at most the whole windows that fit")
     p.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds discarded at the start of a point")
     p.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds per measurement window")
     p.add_argument("--max-tokens", type=int, default=EnvelopeConfig.max_tokens, help="generation: tokens per request")
     p.add_argument("--max-in-flight", type=int, help="open loop: users in the pool (default: 2 s of arrivals + 4)")
+    p.add_argument("--pin-arrivals", action="store_true",
+                   help="open loop, variance reduction: each window offers exactly the rate (the Poisson count's "
+                        "noise removed, so queueing and p99 are understated); default: unpinned Poisson arrivals")
     p.add_argument("--workload", type=Path,
                    help="a workload file (python -m load_tests.workload); default: made in memory")
     p.add_argument("--slo-p99-ms", type=float, help="latency budget at p99 (end to end)")
@@ -231,7 +238,7 @@ def parse_args(argv=None) -> EnvelopeConfig:
             model=a.model, load_kind="concurrency" if a.concurrency else "rate", loads=a.concurrency or a.rates,
             url=a.url, grpc_url=a.grpc_url, metrics_url=a.metrics_url, protocol=a.protocol, duration_s=a.duration,
             warmup_s=a.warmup, window_s=a.window, max_tokens=a.max_tokens, max_in_flight=a.max_in_flight,
-            workload=a.workload, out=a.out or DEFAULT_OUT / a.model,
+            workload=a.workload, pin_arrivals=a.pin_arrivals, out=a.out or DEFAULT_OUT / a.model,
             slo=Slo(a.slo_p99_ms, a.slo_ttft_p99_ms, a.slo_tpot_p99_ms, a.max_error_rate))
     except ValueError as e:
         p.error(str(e))

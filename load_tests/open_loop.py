@@ -35,7 +35,9 @@ class Dispatcher:
         self._stopped_at: float | None = None
         self._num_users = 0
         self._window_s = process.pinned_window_s
-        self._sent_per_window: list[int] = []  # by the window in which each request was actually sent
+        # pinned only: arrivals by the window of their scheduled time, requests by that of their send
+        self._scheduled_per_window: list[int] = []
+        self._sent_per_window: list[int] = []
 
     @property
     def is_stopped(self) -> bool:
@@ -77,12 +79,15 @@ class Dispatcher:
         if self._started_at is not None:
             stats.elapsed_s = (self._stopped_at or time.perf_counter()) - self._started_at
             whole = int(stats.elapsed_s // self._window_s) if self._window_s else 0
-            if whole:  # the schedule's own randomness cancels over whole pinned windows
+            if whole:  # pinned: whole windows hold exactly their share of the target rate
                 stats.measured_s = whole * self._window_s
-                stats.achieved_rate_per_s = sum(self._sent_per_window[:whole]) / stats.measured_s
+                scheduled, sent = sum(self._scheduled_per_window[:whole]), sum(self._sent_per_window[:whole])
             else:
                 stats.measured_s = stats.elapsed_s
-                stats.achieved_rate_per_s = stats.sent / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+                scheduled, sent = stats.scheduled, stats.sent
+            if stats.measured_s > 0:
+                stats.scheduled_rate_per_s = scheduled / stats.measured_s
+                stats.achieved_rate_per_s = sent / stats.measured_s
         return OpenLoopStats.from_dict(stats.to_dict())
 
     def _next_user(self, block: bool) -> AsyncResult | None:
@@ -102,7 +107,11 @@ class Dispatcher:
             due = start + offset
             while (delay := due - time.perf_counter()) > 0:  # a timer may fire a little early
                 gevent.sleep(delay)
+            if self.is_stopped:  # stop() ran while this greenlet's kill was still pending
+                return
             stats.scheduled += 1
+            if self._window_s:
+                _count(self._scheduled_per_window, int(offset // self._window_s))
             slot = self._next_user(block=False)
             if slot is None:
                 if stats.cap_hits == 0:
@@ -116,10 +125,13 @@ class Dispatcher:
             stats.max_late_ms = max(stats.max_late_ms, (now - due) * 1e3)
             stats.sent += 1
             if self._window_s:
-                window = int((now - start) // self._window_s)
-                self._sent_per_window.extend([0] * (window + 1 - len(self._sent_per_window)))
-                self._sent_per_window[window] += 1
+                _count(self._sent_per_window, int((now - start) // self._window_s))
             slot.set(due)
+
+
+def _count(per_window: list[int], window: int) -> None:
+    per_window.extend([0] * (window + 1 - len(per_window)))
+    per_window[window] += 1
 
 
 class _State:
@@ -148,9 +160,27 @@ def worker_slot(environment) -> tuple[int, int]:
         return 0, 1
     index, count = worker_index(environment), int(getattr(environment.parsed_options, "expect_workers", 1) or 1)
     if index >= count:
-        raise RuntimeError(f"worker index {index} but --expect-workers {count}: start the master with "
-                           "--expect-workers equal to the number of workers, so that the rate splits evenly")
+        raise RuntimeError(
+            f"open loop: this is worker {index + 1} but the master expects {count} (--expect-workers {count}), "
+            f"so the rate cannot be split evenly. Start the master with --expect-workers N, N the number of "
+            f"workers (`--processes N` sets it; docker compose: LOCUST_WORKERS=N with --scale locust-worker=N)")
     return index, count
+
+
+def _check_worker_count(environment) -> None:
+    """On a master: warn when the workers that run an open-loop test are not the ones the rate was
+    split for (each worker sends 1/--expect-workers of it, so fewer workers send less)."""
+    from locust.runners import MasterRunner
+
+    runner = environment.runner
+    if not isinstance(runner, MasterRunner) or not any(getattr(u, "arrival_rate", 0) > 0
+                                                        for u in environment.user_classes):
+        return
+    expected = int(getattr(environment.parsed_options, "expect_workers", 1) or 1)
+    if runner.worker_count != expected:
+        logger.warning("open loop: %d workers connected but the rate is split across --expect-workers %d: "
+                       "set --expect-workers (docker compose: LOCUST_WORKERS) to the number of workers",
+                       runner.worker_count, expected)
 
 
 def dispatcher_for(user) -> Dispatcher:
@@ -201,6 +231,7 @@ def attach(environment) -> None:
             dispatcher.stop()
         state.dispatchers.clear()
         state.worker_reports.clear()
+        _check_worker_count(environment)
 
     def on_test_stopping(**_kw):
         for dispatcher in state.dispatchers.values():

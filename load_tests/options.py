@@ -11,8 +11,11 @@ def _optional_int(value):
     return None if value in (None, "", "None") else int(value)
 
 
-def _optional_float(value):
-    return None if value in (None, "", "None") else float(value)
+def _arrival_window(value):
+    """Seconds to pin over; "auto" (or None) for 20 arrivals and at least 1 s; 0 or blank: unpinned."""
+    if value in (None, "auto", "None"):
+        return None
+    return 0.0 if value == "" else float(value)
 
 
 def _optional_str(value):
@@ -34,8 +37,10 @@ SETTINGS = {
     "arrival_distribution": ("arrival_distribution", str, f"open loop: interarrival distribution, {DISTRIBUTIONS}"),
     "arrival_cv": ("arrival_cv", float, "open loop, gamma: coefficient of variation of the gaps (>1: bursty)"),
     "arrival_seed": ("arrival_seed", int, "open loop: seed of the arrival times"),
-    "arrival_window": ("arrival_window_s", _optional_float, "open loop: seconds over which the count is "
-                       "pinned to the rate (default: 20 arrivals, at least 1 s; 0: the unconditioned process)"),
+    "arrival_window": ("arrival_window_s", _arrival_window, "open loop, opt-in variance reduction: pin the "
+                       "arrival count to the rate over windows of this many seconds (auto: 20 arrivals, at least "
+                       "1 s), which hides the count's own variance and so understates queueing at that time "
+                       "scale and above; 0: the unpinned Poisson/gamma process"),
     "late_threshold_ms": ("late_threshold_ms", float, "open loop: a dispatch later than this counts as late"),
 }
 

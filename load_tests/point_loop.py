@@ -1,5 +1,6 @@
 """Runs one point of the envelope with Locust as a library: start the users, discard the warm-up,
-then close a window every `window_s` until the last windows are stable or the time limit is reached.
+then close a window every `window_s` until the last windows are stable or the point has run every
+whole window that its duration holds.
 
 Everything here runs in Locust's gevent loop on one OS thread: the recorder's list is appended by
 request-event listeners and read between windows by the same thread, so it needs no lock."""
@@ -15,7 +16,7 @@ from locust.env import Environment
 
 from load_tests import open_loop
 
-from load_tests.analysis import STABILITY_WINDOWS, WindowStats, is_stable
+from load_tests.analysis import STABILITY_TOLERANCE, STABILITY_WINDOWS, WindowStats, is_stable
 from load_tests.point import PointResult, RecordedRequest, summarize_point, window_stats
 from load_tests.server_stats import Snapshot, server_figures, take_snapshot
 
@@ -23,12 +24,26 @@ CLIENT_BOUND_FRACTION = 0.9  # Locust drives all its users from one core per pro
 MAX_SPAWN_RATE = 100
 
 
+def whole_windows(duration_s: float, warmup_s: float, window_s: float) -> int:
+    """The whole windows that fit in a point's duration after its warm-up."""
+    return int((duration_s - warmup_s) / window_s + 1e-9)  # 1e-9: (7 - 0.4) / 2.2 is 2.9999999999999996
+
+
 @dataclass(frozen=True)
 class PointTiming:
-    duration_s: float  # the most a point may take, warm-up included
+    duration_s: float  # warm-up and every window; the fetches of server stats between windows add a little
     warmup_s: float
     window_s: float
-    tolerance: float = 0.10
+    tolerance: float = STABILITY_TOLERANCE
+
+    def __post_init__(self):
+        if self.max_windows < STABILITY_WINDOWS:
+            raise ValueError(f"--duration {self.duration_s:g} s leaves no room for the warm-up ({self.warmup_s:g} s) "
+                             f"and the {STABILITY_WINDOWS} windows of {self.window_s:g} s that stability needs")
+
+    @property
+    def max_windows(self) -> int:
+        return whole_windows(self.duration_s, self.warmup_s, self.window_s)
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,6 @@ def run_point(user_class: type, user_count: int, load_kind: str, load: float, ti
     runner.start(user_count, spawn_rate=min(user_count, MAX_SPAWN_RATE))
     runner.spawning_greenlet.join()
     started = time.monotonic()
-    deadline = started + timing.duration_s
     try:
         gevent.sleep(max(0.0, started + timing.warmup_s - time.monotonic()))
         windows: list[WindowStats] = []
@@ -85,7 +99,9 @@ def run_point(user_class: type, user_count: int, load_kind: str, load: float, ti
             cpu_marks.append((_cpu_s(), time.monotonic()))
             on_window(len(windows), windows[-1], window_end - started)
             stable = is_stable(windows, STABILITY_WINDOWS, timing.tolerance)
-            if stable or window_end + timing.window_s > deadline:
+            # Counted, not timed against the duration: the stats fetches between windows take time, and
+            # a point given room for 3 windows must get all 3.
+            if stable or len(windows) >= timing.max_windows:
                 break
             window_start = window_end
     finally:

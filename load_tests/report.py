@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Sequence
 
-from load_tests.analysis import EnvelopeSummary, Slo, summarize_envelope
+from load_tests.analysis import STABILITY_TOLERANCE, STABILITY_WINDOWS, EnvelopeSummary, Slo, summarize_envelope
 from load_tests.plots import load_label, plot_latency_vs_throughput, plot_throughput_vs_load
 from load_tests.point import POINT_FIELDS, PointResult
 
@@ -71,8 +71,9 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def verdicts(points: Sequence[PointResult], summary: EnvelopeSummary) -> list[str]:
-    """The report's sentences, also printed at the end of a run."""
+def verdicts(points: Sequence[PointResult], summary: EnvelopeSummary,
+             tolerance: float = STABILITY_TOLERANCE) -> list[str]:
+    """The report's sentences, also printed at the end of a run; `tolerance` is the stability rule's."""
     lines = []
     if summary.knee is not None:
         k = points[summary.knee]
@@ -95,7 +96,7 @@ def verdicts(points: Sequence[PointResult], summary: EnvelopeSummary) -> list[st
             lines.append(f"most throughput under the SLO ({slo.describe()}): {load_label(b)}, "
                          f"{b.throughput_rps:.1f} req/s at {', '.join(judged)}{note}")
     if summary.unstable:
-        lines.append("never stabilised (last 3 windows apart by more than 10 %): "
+        lines.append(f"never stabilised (last {STABILITY_WINDOWS} windows apart by more than {100 * tolerance:g} %): "
                      + ", ".join(load_label(points[i]) for i in summary.unstable))
     capped = [load_label(p) for p in points if p.cap_hits]
     if capped:
@@ -114,7 +115,7 @@ def _image(path: Path) -> str:
 
 
 def render_html(settings: dict, points: Sequence[PointResult], summary: EnvelopeSummary,
-                images: Sequence[Path]) -> str:
+                images: Sequence[Path], tolerance: float = STABILITY_TOLERANCE) -> str:
     columns = [(f, h) for f, h in _COLUMNS if any(getattr(p, f) not in (None, 0) for p in points) or
                f in ("load", "throughput_rps", "p50_ms", "p99_ms", "errors", "is_stable")]
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h in columns)
@@ -125,7 +126,7 @@ def render_html(settings: dict, points: Sequence[PointResult], summary: Envelope
         rows.append(f"<tr{marks}>{cells}</tr>")
     settings_rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                             for k, v in settings.items())
-    notes = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(points, summary))
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(points, summary, tolerance))
     title = html.escape(f"Load envelope: {settings.get('model', '')}")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
@@ -143,7 +144,8 @@ Hollow markers in the plot: points that never stabilised.</p>
 """
 
 
-def write_report(out_dir: Path, settings: dict, points: Sequence[PointResult], slo: Slo) -> dict[str, Path]:
+def write_report(out_dir: Path, settings: dict, points: Sequence[PointResult], slo: Slo,
+                 tolerance: float = STABILITY_TOLERANCE) -> dict[str, Path]:
     """Every artefact into out_dir; returns their paths by kind."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,5 +157,6 @@ def write_report(out_dir: Path, settings: dict, points: Sequence[PointResult], s
     paths["json"] = out_dir / "envelope.json"
     paths["json"].write_text(json.dumps(envelope_record(settings, points, summary), indent=2, default=str))
     paths["html"] = out_dir / "report.html"
-    paths["html"].write_text(render_html(settings, points, summary, [paths["latency_png"], paths["throughput_png"]]))
+    paths["html"].write_text(render_html(settings, points, summary, [paths["latency_png"], paths["throughput_png"]],
+                                         tolerance))
     return paths

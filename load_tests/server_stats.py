@@ -1,6 +1,7 @@
 """The server's side of a measurement: Triton's /v2/models/<m>/stats and /metrics, read at window
 boundaries and turned into per-point figures (executed batch size, queue and compute time per
-request, engine batch size, failures). Fetching is thin; the delta math is pure and tested."""
+request, engine batch size, failures). The statistics are clients/health.py's ModelStatistics (its
+parser and its window math); the /metrics parsing is here. Fetching is thin; the math is pure."""
 from __future__ import annotations
 
 import json
@@ -8,26 +9,16 @@ import re
 import urllib.request
 from dataclasses import dataclass
 
+from clients.health import ModelStatistics, parse_statistics
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def model_stats(http_url: str, model: str) -> dict:
-    """Triton's cumulative statistics of one model: inferences, executions, queue and compute ns."""
+def model_stats(http_url: str, model: str) -> ModelStatistics:
+    """Triton's cumulative statistics of one model (subtract two for a window)."""
     with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=5) as r:
-        return stats_counters(json.load(r))
-
-
-def stats_counters(body: dict) -> dict:
-    s = body["model_stats"][0]
-    inf = s["inference_stats"]
-    return {
-        "inferences": int(s.get("inference_count", 0)),
-        "executions": int(s.get("execution_count", 0)),
-        "queue_ns": int(inf["queue"]["ns"]),
-        "compute_ns": sum(int(inf[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")),
-        "success": int(inf["success"]["count"]),
-    }
+        return parse_statistics(json.load(r)["model_stats"][0])
 
 
 def parse_metrics(text: str, model: str) -> dict[str, float]:
@@ -51,7 +42,7 @@ def fetch_metrics(metrics_url: str, model: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Snapshot:
-    stats: dict
+    stats: ModelStatistics
     metrics: dict[str, float]
 
 
@@ -77,10 +68,7 @@ class ServerFigures:
 def server_figures(snapshots: list[Snapshot]) -> ServerFigures:
     """What the server did between the first and the last snapshot."""
     first, last = snapshots[0], snapshots[-1]
-    d = {k: last.stats[k] - first.stats[k] for k in last.stats}
-    success = d["success"]
-    # Triton adds a batch's compute time once for every request in it, so divide by requests.
-    per_request_us = (lambda ns: ns / success / 1e3) if success > 0 else (lambda ns: None)
+    window = last.stats - first.stats
 
     def counter(name: str) -> float | None:
         if name not in last.metrics or name not in first.metrics:
@@ -91,9 +79,9 @@ def server_figures(snapshots: list[Snapshot]) -> ServerFigures:
     steps = [s.metrics["batchwise_step_batch_size"] for s in snapshots[1:] if "batchwise_step_batch_size" in s.metrics]
     failures = counter("nv_inference_request_failure")
     return ServerFigures(
-        avg_batch_size=d["inferences"] / d["executions"] if d["executions"] > 0 else None,
-        avg_queue_us=per_request_us(d["queue_ns"]),
-        avg_compute_us=per_request_us(d["compute_ns"]),
+        avg_batch_size=window.avg_batch_size,
+        avg_queue_us=window.avg_queue_us,
+        avg_compute_us=window.avg_compute_us,
         engine_batch_size=sum(steps) / len(steps) if steps else None,
         server_failures=None if failures is None else int(failures),
         generated_tokens=counter("batchwise_generated_tokens_total"),

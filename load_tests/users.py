@@ -11,9 +11,11 @@ host=...), create_local_runner(), runner.start(n, spawn_rate)):
 - Settings are class attributes: model, workload (a path, a workload.Workload, or None for one made in
   memory), workload_order, workload_seed, priority, timeout_s, max_tokens, ignore_eos, spec (a ModelSpec
   for a model that is not checked in), and the open-loop ones: arrival_rate (requests/s for the whole
-  run; 0 = closed loop), arrival_distribution, arrival_cv, arrival_seed, arrival_window_s,
-  late_threshold_ms. Override them with `configured(cls, **settings)` or, in a locustfile, on the
-  command line (load_tests/options.py).
+  run; 0 = closed loop), arrival_distribution, arrival_cv, arrival_seed, arrival_window_s (0:
+  unpinned, the default), late_threshold_ms. Override them with `configured(cls, **settings)` or, in a
+  locustfile, on the command line (load_tests/options.py). Priority (and, over gRPC, the timeout) go to
+  Triton with each request; HTTP's generate endpoint cannot carry a priority, so `GenerateSseUser`
+  refuses a non-zero one at start.
 - `call(scheduled_at=None)` sends one request and fires exactly one `request` event: request_type
   "http", "grpc", "grpc-stream" or "sse"; name = model; response_time in ms from `scheduled_at` (a
   time.perf_counter() value, open loop) or else from the send; failures in `exception=`; context
@@ -122,7 +124,8 @@ class GenerateGrpcUser(_GenerateUser, GrpcLoadUser):
         self._client.start_stream(callback=self._on_response)
 
     def on_stop(self) -> None:
-        self._client.stop_stream(cancel_requests=True)
+        if getattr(self, "_responses", None) is not None:  # on_start got as far as the stream
+            self._client.stop_stream(cancel_requests=True)
         super().on_stop()
 
     def prepare(self, record):
@@ -133,7 +136,10 @@ class GenerateGrpcUser(_GenerateUser, GrpcLoadUser):
 
     def send(self, inputs, t0, context) -> int:
         request_id = str(next(self._request_ids))
-        self._client.async_stream_infer(self.model, inputs, request_id=request_id)
+        # Triton's own timeout (microseconds) lets the server drop a request that waited too long;
+        # the client's deadline below ends the wait either way.
+        self._client.async_stream_infer(self.model, inputs, request_id=request_id, priority=self.priority,
+                                        timeout=int(self.timeout_s * 1e6))
         deadline = time.perf_counter() + self.timeout_s
         times, length = [], 0
         while True:
@@ -157,6 +163,15 @@ class GenerateSseUser(_GenerateUser, HttpLoadUser):
 
     host = DEFAULT_HTTP_HOST
     request_type = "sse"
+
+    def on_start(self) -> None:
+        if self.priority:
+            # The generate extension turns extra JSON keys into request parameters, which the model
+            # refuses as unknown: a priority cannot travel over HTTP, and dropping it would mislabel the run.
+            raise ValueError(f"{type(self).__name__}: priority {self.priority} cannot be sent over HTTP's generate "
+                             "endpoint; use --priority 0, or the gRPC streaming user (generate_grpc.py), which "
+                             "sends Triton's request priority")
+        super().on_start()
 
     def prepare(self, record):
         body = json.dumps(generate_body(self.model_spec(), record.text, self.sampling(record), stream=True))

@@ -219,16 +219,16 @@ def bench_served(variant: str, http_url: str, grpc_url: str, concurrency: int, s
     wall = time.perf_counter() - t0
     after = model_stats(http_url, MINILM.name)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    d = {k: after[k] - before[k] for k in after}
+    window = after - before
     ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
     return ServedPoint(
         variant=variant, concurrency=concurrency, seq_len=seq_len, seconds=seconds,
         requests=len(latencies), errors=errors, throughput_rps=len(latencies) / seconds,
         p50_ms=float(np.percentile(ms, 50)), p90_ms=float(np.percentile(ms, 90)), p99_ms=float(np.percentile(ms, 99)),
-        avg_batch_size=d["inferences"] / max(d["executions"], 1),
-        avg_queue_us=d["queue_ns"] / max(d["success"], 1) / 1e3,
-        # Triton adds a batch's compute time once for every request in it, so divide by requests.
-        avg_compute_us=d["compute_ns"] / max(d["success"], 1) / 1e3,
+        # 0 when the server ran nothing (per request, as clients/health.py's ModelStatistics computes them)
+        avg_batch_size=window.avg_batch_size or 0.0,
+        avg_queue_us=window.avg_queue_us or 0.0,
+        avg_compute_us=window.avg_compute_us or 0.0,
         client_cpu_fraction=((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)) / wall,
     )
 

@@ -24,7 +24,9 @@ def run_envelope(server, out, *args, timeout_s=120):
 
 def test_three_point_envelope_writes_every_artefact(server, tmp_path):
     out = tmp_path / "minilm"
-    stdout = run_envelope(server, out, "--model", "minilm", "--concurrency", "1,2,4", "--duration", "6",
+    # exactly the warm-up and 3 windows: each point must get all 3 (the stats fetches between windows
+    # take time, and must not cost the third)
+    stdout = run_envelope(server, out, "--model", "minilm", "--concurrency", "1,2,4", "--duration", "5.5",
                           "--warmup", "1", "--window", "1.5", "--slo-p99-ms", "2000")
     for name in ("points.csv", "envelope.json", "latency_vs_throughput.png", "throughput_vs_load.png", "report.html"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -33,7 +35,7 @@ def test_three_point_envelope_writes_every_artefact(server, tmp_path):
     rows = list(csv.DictReader((out / "points.csv").read_text().splitlines()))
     assert [float(r["load"]) for r in rows] == [1.0, 2.0, 4.0]
     for r in rows:
-        assert int(r["requests"]) > 0 and int(r["errors"]) == 0
+        assert int(r["requests"]) > 0 and int(r["errors"]) == 0 and int(r["num_windows"]) == 3
         assert float(r["p50_ms"]) <= float(r["p99_ms"])
         assert float(r["avg_batch_size"]) >= 1.0 and float(r["avg_compute_us"]) > 0  # the server's side
         assert 0 < float(r["client_cpu_fraction"]) < 2
@@ -55,6 +57,16 @@ def test_generation_envelope_reports_ttft_and_tokens(server, tmp_path):
         assert int(r["requests"]) > 0
         assert 0 < float(r["ttft_p50_ms"]) <= float(r["p99_ms"])
         assert float(r["output_tokens_per_s"]) > 0 and float(r["engine_batch_size"]) >= 1
+
+
+def test_open_loop_point_runs_unpinned_arrivals(server, tmp_path):
+    out = tmp_path / "rate"
+    run_envelope(server, out, "--model", "minilm", "--rates", "20", "--duration", "4", "--warmup", "1",
+                 "--window", "1")
+    (row,) = list(csv.DictReader((out / "points.csv").read_text().splitlines()))
+    assert row["load_kind"] == "rate" and int(row["requests"]) > 0 and int(row["errors"]) == 0
+    record = json.loads((out / "envelope.json").read_text())
+    assert record["settings"]["pin_arrivals"] is False
 
 
 def test_unknown_model_fails_fast_with_a_clear_message(server, tmp_path):

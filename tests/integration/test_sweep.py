@@ -1,5 +1,6 @@
 """The config sweep end to end on two tiny variants of minilm: each one served by its own embedded
-Triton from a temporary repository, measured, and compared; the checked-in config stays as it was."""
+Triton from a temporary repository, measured, and compared; the checked-in config stays as it was.
+And a variant of embed, served beside the minilm that it calls."""
 import json
 import subprocess
 import sys
@@ -31,3 +32,14 @@ def test_two_variant_sweep_writes_frontier_and_recommendation(tmp_path):
     assert config.name == "minilm" and window == int(record["recommended"]["variant"].removeprefix("win"))
     assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert (MODEL_REPOSITORY / "minilm" / "config.pbtxt").read_text() == checked_in
+
+
+def test_a_model_is_swept_beside_the_models_it_calls(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "scripts/sweep.py", "--model", "embed", "--concurrency", "2", "--duration", "4",
+           "--warmup", "0.5", "--window", "1", "--batch-window-us", "1000", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["variants"] == [{"name": "win1000", "settings": {"batch_window_us": 1000}, "status": "measured"}]
+    assert record["failed"] == [] and record["frontier"][0]["errors"] == 0

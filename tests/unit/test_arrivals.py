@@ -1,5 +1,6 @@
-"""The open-loop arrival process (rate, CV, seeding, the split across workers, pinned windows) and
-the dispatcher's bookkeeping, driven with fake users on plain gevent (no Locust, no server)."""
+"""The open-loop arrival process (rate, CV, seeding, the split across workers, unpinned by default,
+pinned windows on request) and the dispatcher's bookkeeping, driven with fake users on plain gevent
+(no Locust, no server)."""
 import time
 
 import gevent
@@ -32,6 +33,17 @@ def test_unconditioned_poisson_gaps_are_exponential():
     gaps = np.diff(np.concatenate([[0.0], ArrivalProcess(10.0, seed=3, window_s=0).sample(N)]))
     # P(gap > mean) = 1/e for an exponential distribution
     assert (gaps > 0.1).mean() == pytest.approx(np.exp(-1), abs=0.01)
+
+
+def test_by_default_counts_vary_as_a_poisson_process_does():
+    process = ArrivalProcess(20.0, seed=4)
+    assert process.window_s == 0 and process.pinned_window_s is None
+    counts = np.bincount((process.sample(40_000) // 1.0).astype(int))[:-1]
+    # a Poisson count's variance equals its mean: the noise that queueing answers to is all there
+    assert counts.mean() == pytest.approx(20.0, rel=0.02)
+    assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.1)
+    pinned = np.bincount((ArrivalProcess(20.0, seed=4, window_s=1.0).sample(40_000) // 1.0).astype(int))[:-1]
+    assert pinned.var() == 0.0  # the variance reduction that pinning is, and what it hides
 
 
 def test_pinned_windows_hold_exactly_their_share_of_arrivals():
@@ -80,13 +92,14 @@ def test_bad_settings_are_refused_with_the_field_named(kwargs, field):
 
 def test_combined_stats_add_up_the_workers():
     a = OpenLoopStats("U", 10.0, num_users=4, scheduled=100, sent=98, late=3, cap_hits=1, max_late_ms=12.0,
-                      elapsed_s=10.0, achieved_rate_per_s=9.9, measured_s=10.0)
+                      elapsed_s=10.0, scheduled_rate_per_s=10.0, achieved_rate_per_s=9.9, measured_s=10.0)
     b = OpenLoopStats("U", 10.0, num_users=4, scheduled=101, sent=101, late=0, cap_hits=0, max_late_ms=4.0,
-                      elapsed_s=10.5, achieved_rate_per_s=10.0, measured_s=8.0)
+                      elapsed_s=10.5, scheduled_rate_per_s=9.6, achieved_rate_per_s=10.0, measured_s=8.0)
     total = OpenLoopStats.combine([a, b])
     assert (total.target_rate_per_s, total.num_users, total.scheduled, total.sent) == (20.0, 8, 201, 199)
     assert (total.late, total.cap_hits, total.max_late_ms, total.elapsed_s) == (3, 1, 12.0, 10.5)
     assert total.achieved_rate_per_s == pytest.approx(19.9) and total.measured_s == 8.0
+    assert total.scheduled_rate_per_s == pytest.approx(19.6)
     assert OpenLoopStats.from_dict(total.to_dict()) == total
 
 
@@ -130,3 +143,23 @@ def test_busy_users_make_arrivals_wait_at_the_cap_and_the_wait_is_counted():
     assert stats.sent > 3 and stats.late >= 1 and stats.max_late_ms > 50.0  # it waited 100 ms
     # the waiting arrival was sent about 100 ms late, still carrying its own scheduled time
     assert max(c - s for u in users for s, c in zip(u.scheduled, u.called)) > 0.05
+
+
+@pytest.mark.parametrize("window_s", [0, 0.1])
+def test_the_snapshot_gives_the_drawn_schedules_rate_beside_the_sent_one(window_s):
+    dispatcher = Dispatcher(ArrivalProcess(200.0, seed=2, window_s=window_s), "U", late_threshold_ms=1000.0)
+    users = [FakeUser() for _ in range(8)]
+    greenlets = [gevent.spawn(dispatcher.serve, u) for u in users]
+    gevent.sleep(0.55)
+    dispatcher.stop()
+    gevent.killall(greenlets)
+    stats = dispatcher.snapshot()
+    if window_s:  # over the whole pinned windows, the schedule offers exactly the rate
+        assert stats.measured_s == pytest.approx(0.5)
+        assert stats.scheduled_rate_per_s == pytest.approx(200.0)
+    else:  # over the whole run, the schedule's rate is what it drew
+        assert stats.measured_s == stats.elapsed_s
+        assert stats.scheduled_rate_per_s == pytest.approx(stats.scheduled / stats.elapsed_s)
+        assert stats.achieved_rate_per_s == pytest.approx(stats.sent / stats.elapsed_s)
+    # the dispatcher holds one arrival at a time: at most the one in hand at the stop went unsent
+    assert stats.scheduled - 1 <= stats.sent <= stats.scheduled

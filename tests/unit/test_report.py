@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from load_tests.analysis import Slo, summarize_envelope
-from load_tests.report import read_csv, render_html, write_csv, write_report
+from load_tests.report import read_csv, render_html, verdicts, write_csv, write_report
 
 HAND_MADE = """\
 load_kind,load,duration_s,requests,errors,throughput_rps,p50_ms,p90_ms,p95_ms,p99_ms,is_stable,num_windows,\
@@ -70,6 +70,13 @@ def test_report_numbers_match_the_hand_worked_analysis(points, tmp_path):
     assert page.count("data:image/png;base64,") == 2
     assert "<td>500.0</td>" in page and "<td>7.9</td>" in page  # p99 and batch size of c=64 and c=32
     assert "<tr class=best>" in page
+
+
+def test_the_unstable_verdict_names_the_configured_tolerance(points):
+    summary = summarize_envelope(points, Slo())
+    assert any("apart by more than 10 %): c=32" in line for line in verdicts(points, summary))
+    page = render_html({"model": "m"}, points, summary, [], tolerance=0.05)
+    assert "last 3 windows apart by more than 5 %): c=32" in page and "10 %" not in page
 
 
 def test_no_slo_and_no_point_meeting_it_are_said(points):

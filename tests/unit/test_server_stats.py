@@ -1,7 +1,8 @@
-"""Server-side figures from Triton's stats and metrics text, by hand."""
+"""Server-side figures from Triton's stats (parsed by clients/health.py) and metrics text, by hand."""
 import pytest
 
-from load_tests.server_stats import Snapshot, parse_metrics, server_figures, stats_counters
+from clients.health import ModelStatistics, parse_statistics
+from load_tests.server_stats import Snapshot, parse_metrics, server_figures
 
 METRICS = """\
 # HELP nv_inference_request_failure Number of failed inference requests
@@ -16,12 +17,15 @@ batchwise_step_batch_size{model="gpt2"} 3
 """
 
 
-def stats_body(inferences, executions, success, queue_ns, compute_ns):
-    zero = {"count": 0, "ns": 0}
-    inference_stats = {"success": {"count": success, "ns": 0}, "queue": {"count": 0, "ns": queue_ns},
-                       "compute_input": zero, "compute_infer": {"count": 0, "ns": compute_ns}, "compute_output": zero}
-    return {"model_stats": [{"name": "m", "inference_count": inferences, "execution_count": executions,
-                             "inference_stats": inference_stats}]}
+def stats(inferences, executions, success, queue_ns, compute_ns) -> ModelStatistics:
+    """One entry of /v2/models/m/stats as Triton sends it (64-bit numbers as strings, as its HTTP
+    API may), through the parser that load_tests.server_stats.model_stats uses."""
+    zero = {"count": "0", "ns": "0"}
+    inference_stats = {"success": {"count": success, "ns": 0}, "queue": {"count": success, "ns": str(queue_ns)},
+                       "compute_input": zero, "compute_infer": {"count": executions, "ns": compute_ns},
+                       "compute_output": zero}
+    return parse_statistics({"name": "m", "version": "1", "inference_count": inferences,
+                             "execution_count": str(executions), "inference_stats": inference_stats})
 
 
 def test_metrics_are_summed_per_model_without_quantiles():
@@ -32,11 +36,11 @@ def test_metrics_are_summed_per_model_without_quantiles():
 
 
 def test_figures_between_first_and_last_snapshot():
-    first = Snapshot(stats_counters(stats_body(10, 10, 10, 1_000_000, 5_000_000)),
+    first = Snapshot(stats(10, 10, 10, 1_000_000, 5_000_000),
                      {"nv_inference_request_failure": 1.0, "batchwise_generated_tokens_total": 100.0,
                       "batchwise_step_batch_size": 9.0})
     middle = Snapshot(first.stats, {"batchwise_step_batch_size": 4.0})
-    last = Snapshot(stats_counters(stats_body(110, 35, 110, 21_000_000, 405_000_000)),
+    last = Snapshot(stats(110, 35, 110, 21_000_000, 405_000_000),
                     {"nv_inference_request_failure": 3.0, "batchwise_generated_tokens_total": 260.0,
                      "batchwise_step_batch_size": 6.0})
     f = server_figures([first, middle, last])
@@ -48,6 +52,7 @@ def test_figures_between_first_and_last_snapshot():
 
 
 def test_no_traffic_gives_no_ratios():
-    s = Snapshot(stats_counters(stats_body(5, 5, 5, 1, 1)), {})
+    s = Snapshot(stats(5, 5, 5, 1, 1), {})
     f = server_figures([s, s])
-    assert (f.avg_batch_size, f.avg_queue_us, f.engine_batch_size, f.server_failures) == (None, None, None, None)
+    assert (f.avg_batch_size, f.avg_queue_us, f.avg_compute_us, f.engine_batch_size, f.server_failures) == \
+        (None, None, None, None, None)

@@ -1,5 +1,6 @@
 """The config sweep without a server: variants rendered whole (the checked-in config untouched),
-combinations that would be refused skipped, and the frontier, recommendation and files it writes."""
+combinations that would be refused skipped, a failing variant recorded while the others go on, and
+the frontier, recommendation and files it writes."""
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from clients.model_spec import parse_config
 from load_tests.analysis import Slo
 from load_tests.point import PointResult
-from scripts.sweep_report import write_sweep
+from scripts.sweep_report import VariantFailure, measure_variants, recommended_text, write_sweep
 from scripts.sweep_variants import variant_grid
 from scripts.variants import load_config
 
@@ -88,3 +89,46 @@ def test_no_recommendation_when_nothing_meets_the_slo(tmp_path):
     variants, _ = variant_grid(load_config("minilm"), "minilm")
     paths = write_sweep(tmp_path, variants, [_point("checked_in", 1, 60, 200)], Slo(p99_ms=10), "minilm")
     assert "recommended" not in paths and json.loads(paths["json"].read_text())["recommended"] is None
+
+
+def test_a_failing_variant_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+    variants, _ = variant_grid(load_config("minilm"), "minilm", batch_window_us=[0, 500, 2000])
+    progress = []
+
+    def measure(variant):
+        if variant.name == "win500":
+            raise ConnectionRefusedError("[Errno 111] Connection refused")  # what a dead server looks like
+        return [_point(variant.name, 1, 60, 20), _point(variant.name, 8, 150, 60)]
+
+    def on_progress(points, failed):
+        progress.append((len(points), [f.name for f in failed]))
+        write_sweep(tmp_path, variants, points, Slo(p99_ms=100), "minilm", failed)
+
+    points, failed = measure_variants(variants, measure, on_progress)
+    assert [p.variant for p in points] == ["win0", "win0", "win2000", "win2000"]
+    assert failed == [VariantFailure("win500", "ConnectionRefusedError: [Errno 111] Connection refused")]
+    assert progress == [(2, []), (2, ["win500"]), (4, ["win500"])]  # written after every variant
+    assert "variant win500 failed" in capsys.readouterr().err
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(v["name"], v["status"]) for v in record["variants"]] == [
+        ("win0", "measured"), ("win500", "failed"), ("win2000", "measured")]
+    assert record["failed"] == [{"name": "win500", "error": "ConnectionRefusedError: [Errno 111] Connection refused"}]
+    assert record["recommended"]["variant"] in ("win0", "win2000")
+
+
+def test_a_sweep_whose_every_variant_failed_still_writes_its_record(tmp_path):
+    variants, _ = variant_grid(load_config("minilm"), "minilm")
+    points, failed = measure_variants(variants, lambda v: 1 / 0)
+    assert points == [] and failed == [VariantFailure("checked_in", "ZeroDivisionError: division by zero")]
+    paths = write_sweep(tmp_path, variants, points, Slo(p99_ms=100), "minilm", failed)
+    record = json.loads(paths["json"].read_text())
+    assert record["variants"][0]["status"] == "failed" and record["recommended"] is None
+    assert paths["frontier_png"].is_file()
+
+
+def test_an_unstable_recommendation_names_the_configured_tolerance():
+    variants, _ = variant_grid(load_config("minilm"), "minilm")
+    point = _point("checked_in", 8, 150, 60)
+    point.is_stable = False
+    text = recommended_text(variants[0], point, Slo(), "minilm", tolerance=0.05)
+    assert "never stabilised (5 % over 3 windows)" in text and "10 %" not in text

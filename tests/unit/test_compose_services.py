@@ -1,7 +1,8 @@
-"""The docker compose stack without Docker: every path, port and command that docker-compose.yml names
-exists in the repository and agrees with the embedded launcher; `docker-compose config` where installed."""
+"""The docker compose stack's services without Docker: every path, port and command that
+docker-compose.yml names exists in the repository and agrees with the embedded launcher, the images
+install what the code needs, and `docker-compose config` accepts the files where it is installed.
+Prometheus and Grafana: test_compose_monitoring.py."""
 import ast
-import json
 import os
 import re
 import shlex
@@ -16,11 +17,7 @@ import yaml
 from clients.model_spec import parse_config
 from scripts import serve
 from scripts.requirements import requirements, selected
-
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE = REPO / "docker-compose.yml"
-GPU_OVERRIDE = REPO / "docker-compose.gpu.yml"
-STREAM_METRICS = REPO / "backends" / "continuous_decoding" / "stream_metrics.py"
+from tests.unit.compose_files import COMPOSE, GPU_OVERRIDE, REPO, host_path, load, mounts
 
 CONTAINER_BACKENDS = PurePosixPath("/opt/tritonserver/backends")
 CONTAINER_REPOSITORY = PurePosixPath("/models")
@@ -36,49 +33,8 @@ PUBLISHED = {
     ("prometheus", 9090),
     ("grafana", 3000),
 }
-# The metric families on Triton 2.51's /metrics with the launcher's flags (summary latencies on, GPU
-# metrics off), as a running server lists them under `# TYPE`.
-TRITON_METRICS = {
-    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
-    "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
-    "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
-    "nv_inference_compute_output_duration_us", "nv_inference_pending_request_count",
-    "nv_inference_request_summary_us", "nv_inference_queue_summary_us",
-    "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
-    "nv_inference_compute_output_summary_us", "nv_pinned_memory_pool_total_bytes",
-    "nv_pinned_memory_pool_used_bytes", "nv_cpu_utilization", "nv_cpu_memory_total_bytes",
-    "nv_cpu_memory_used_bytes",
-}
-# What the dashboard must show (README, "docker compose").
-DASHBOARD_METRICS = {
-    "nv_inference_request_success", "nv_inference_request_summary_us", "nv_inference_queue_summary_us",
-    "nv_inference_count", "nv_inference_exec_count", "nv_inference_pending_request_count",
-    "batchwise_kv_blocks_used",
-}
 # Import names of installed packages where they differ from the package name.
 IMPORT_NAMES = {"protobuf": "google"}
-
-_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-
-
-def with_defaults(value):
-    """Compose's `${NAME:-default}` read with every variable unset."""
-    if isinstance(value, dict):
-        return {k: with_defaults(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [with_defaults(v) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def default(m):
-        assert m.group(2) is not None, f"{value!r}: ${{{m.group(1)}}} has no default"
-        return m.group(2)
-
-    return _VARIABLE.sub(default, value)
-
-
-def load(path: Path) -> dict:
-    return with_defaults(yaml.safe_load(path.read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -89,23 +45,6 @@ def raw():
 @pytest.fixture(scope="module")
 def services():
     return load(COMPOSE)["services"]
-
-
-def mounts(service: dict) -> list[tuple[Path, PurePosixPath]]:
-    """(host path, container path) of each bind mount; compose resolves host paths from the file's folder."""
-    out = []
-    for volume in service.get("volumes", []):
-        source, target = volume.split(":")[:2]
-        out.append(((COMPOSE.parent / source).resolve(), PurePosixPath(target)))
-    return out
-
-
-def host_path(service: dict, container_path) -> Path:
-    container_path = PurePosixPath(container_path)
-    for source, target in mounts(service):
-        if container_path == target or target in container_path.parents:
-            return source / container_path.relative_to(target)
-    raise AssertionError(f"{container_path} is not mounted from the host")
 
 
 def dockerfiles(services: dict) -> dict[str, Path]:
@@ -271,57 +210,14 @@ def test_locust_master_and_workers_run_one_locustfile_that_exists(services):
     assert flag(master["command"], "--host") == f"http://triton:{serve.DEFAULT_HTTP_PORT}"
 
 
-def test_prometheus_scrapes_the_launchers_metrics_port(services):
-    config = load(host_path(services["prometheus"], "/etc/prometheus/prometheus.yml"))
-    targets = [t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
-    assert f"triton:{serve.DEFAULT_METRICS_PORT}" in targets
-
-
-def grafana_datasource(services) -> dict:
-    folder = host_path(services["grafana"], "/etc/grafana/provisioning/datasources")
-    (source,) = [d for f in sorted(folder.glob("*.yml")) for d in load(f)["datasources"]]
-    return source
-
-
-def dashboards(services) -> list[dict]:
-    grafana = services["grafana"]
-    folder = host_path(grafana, "/etc/grafana/provisioning/dashboards")
-    paths = [p["options"]["path"] for f in sorted(folder.glob("*.yml")) for p in load(f)["providers"]]
-    found = [json.loads(f.read_text()) for p in paths for f in sorted(host_path(grafana, p).glob("*.json"))]
-    assert found, f"no dashboard in {paths}"
-    assert host_path(grafana, grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]).is_file()
-    return found
-
-
-def test_grafana_reads_the_stacks_prometheus_at_its_scrape_interval(services):
-    source = grafana_datasource(services)
-    prometheus = load(host_path(services["prometheus"], "/etc/prometheus/prometheus.yml"))
-    assert source["url"] == "http://prometheus:9090"
-    assert source["jsonData"]["timeInterval"] == prometheus["global"]["scrape_interval"]
-
-
-def test_dashboard_queries_name_metrics_that_exist(services):
-    batchwise_metrics = set(re.findall(r'"(batchwise_\w+)"', STREAM_METRICS.read_text()))
-    assert "batchwise_kv_blocks_used" in batchwise_metrics
-    uid = grafana_datasource(services)["uid"]
-    used = set()
-    for dashboard in dashboards(services):
-        for panel in dashboard["panels"]:
-            assert panel["datasource"]["uid"] == uid, f"panel {panel['title']!r}"
-            assert panel["targets"], f"panel {panel['title']!r} has no query"
-            for target in panel["targets"]:
-                names = set(re.findall(r"\b(?:nv|batchwise)_\w+", target["expr"]))
-                assert names, f"panel {panel['title']!r}: {target['expr']!r} reads no metric"
-                unknown = names - TRITON_METRICS - batchwise_metrics
-                assert not unknown, f"panel {panel['title']!r} reads {sorted(unknown)}, which nothing exports"
-                used |= names
-    assert DASHBOARD_METRICS <= used, f"the dashboard lacks {sorted(DASHBOARD_METRICS - used)}"
-
-
-def test_latency_summaries_that_the_dashboard_reads_are_switched_on(services):
-    queries = " ".join(t["expr"] for d in dashboards(services) for p in d["panels"] for t in p["targets"])
-    assert 'nv_inference_request_summary_us{quantile="0.99"}' in queries
-    assert "--metrics-config=summary_latencies=true" in services["triton"]["command"]
+def test_the_master_expects_as_many_workers_as_compose_scales_to(raw, services):
+    # An open-loop rate is split across --expect-workers: one worker by default, and the variable
+    # that README's `--scale locust-worker=N` line sets beside N.
+    raw_command = raw["services"]["locust-master"]["command"]
+    assert flag(raw_command, "--expect-workers") == "${LOCUST_WORKERS:-1}"
+    assert flag(services["locust-master"]["command"], "--expect-workers") == "1"
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r"LOCUST_WORKERS=(\d+) docker compose up --scale locust-worker=\1\b", readme)
 
 
 def test_gpu_override_reserves_gpus_for_triton_only():
