@@ -52,7 +52,7 @@ class EnvelopeConfig:
     warmup_s: float = DEFAULT_WARMUP_S
     window_s: float = DEFAULT_WINDOW_S
     tolerance: float = STABILITY_TOLERANCE
-    max_tokens: int = 16  # generation models only
+    max_tokens: int | None = 16  # generation models only; None: each workload record's own
     max_in_flight: int | None = None  # open loop: users in the pool; default from the rate
     workload: Path | None = None  # a load_tests.workload file; default: one made in memory
     pin_arrivals: bool = False  # open loop: each window offers exactly the rate (variance reduction)
@@ -79,7 +79,7 @@ class EnvelopeConfig:
         if self.window_s <= 0 or self.warmup_s < 0:
             raise ValueError(f"--window must be > 0 and --warmup >= 0, got {self.window_s} and {self.warmup_s}")
         _ = self.timing  # PointTiming refuses a duration without room for the windows that stability needs
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
@@ -220,7 +220,8 @@ def parse_args(argv=None) -> EnvelopeConfig:
                    help="seconds per point, warm-up included: a point runs at most the whole windows that fit")
     p.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds discarded at the start of a point")
     p.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds per measurement window")
-    p.add_argument("--max-tokens", type=int, default=EnvelopeConfig.max_tokens, help="generation: tokens per request")
+    p.add_argument("--max-tokens", type=int, help="generation: tokens per request (default: each --workload "
+                   f"record's own; {EnvelopeConfig.max_tokens} without a workload file)")
     p.add_argument("--max-in-flight", type=int, help="open loop: users in the pool (default: 2 s of arrivals + 4)")
     p.add_argument("--pin-arrivals", action="store_true",
                    help="open loop, variance reduction: each window offers exactly the rate (the Poisson count's "
@@ -237,7 +238,8 @@ def parse_args(argv=None) -> EnvelopeConfig:
         return EnvelopeConfig(
             model=a.model, load_kind="concurrency" if a.concurrency else "rate", loads=a.concurrency or a.rates,
             url=a.url, grpc_url=a.grpc_url, metrics_url=a.metrics_url, protocol=a.protocol, duration_s=a.duration,
-            warmup_s=a.warmup, window_s=a.window, max_tokens=a.max_tokens, max_in_flight=a.max_in_flight,
+            warmup_s=a.warmup, window_s=a.window, max_in_flight=a.max_in_flight,
+            max_tokens=a.max_tokens if a.max_tokens or not a.workload else None,
             workload=a.workload, pin_arrivals=a.pin_arrivals, out=a.out or DEFAULT_OUT / a.model,
             slo=Slo(a.slo_p99_ms, a.slo_ttft_p99_ms, a.slo_tpot_p99_ms, a.max_error_rate))
     except ValueError as e:

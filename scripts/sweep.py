@@ -108,7 +108,8 @@ def parse_args(argv=None):
     p.add_argument("--duration", type=float, default=20.0, help="most seconds per point")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--window", type=float, default=2.0)
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, help="generation: tokens per request (default: each --workload "
+                   "record's own; 16 without a workload file)")
     p.add_argument("--max-in-flight", type=int, help="open loop: users in the pool")
     p.add_argument("--pin-arrivals", action="store_true",
                    help="open loop, variance reduction: each window offers exactly the rate (understates queueing)")
@@ -128,7 +129,8 @@ def main(argv=None) -> int:
         slo = Slo(a.slo_p99_ms, a.slo_ttft_p99_ms, a.slo_tpot_p99_ms, a.max_error_rate)
         base = EnvelopeConfig(model=a.model, load_kind="concurrency" if a.concurrency else "rate",
                               loads=tuple(a.concurrency or a.rates), protocol=a.protocol, duration_s=a.duration,
-                              warmup_s=a.warmup, window_s=a.window, max_tokens=a.max_tokens, slo=slo, out=out,
+                              warmup_s=a.warmup, window_s=a.window, slo=slo, out=out,
+                              max_tokens=a.max_tokens or (None if a.workload else EnvelopeConfig.max_tokens),
                               max_in_flight=a.max_in_flight, workload=a.workload, pin_arrivals=a.pin_arrivals)
         variants, skipped = variant_grid(load_config(a.model), a.model, max_batch_size=a.max_batch_size,
                                          preferred_batch_sizes=a.preferred_batch_sizes,

@@ -50,9 +50,9 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return out
 
 
-def lm_head(h: np.ndarray, embeddings: np.ndarray) -> np.ndarray:
-    """[num_seqs, n_embd] @ [n_embd, vocab_size]: the transposed view goes to BLAS without a copy."""
-    return h @ embeddings.T
+def lm_head(h: np.ndarray, projection_t: np.ndarray) -> np.ndarray:
+    """[num_seqs, n_embd] @ [n_embd, vocab_size] -> [num_seqs, vocab_size] logits."""
+    return h @ projection_t
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -119,7 +119,7 @@ class NumpyRunner:
             x += linear(gelu_tanh(linear(h, layer.fc_weight, layer.fc_bias)), layer.mlp_out_weight,
                         layer.mlp_out_bias)
         h = layer_norm(x, w.ln_f_weight, w.ln_f_bias, c.layer_norm_epsilon)  # [num_seqs, n_embd]
-        return lm_head(h, w.lm_head)  # [num_seqs, vocab_size]
+        return lm_head(h, w.lm_head_t)  # [num_seqs, vocab_size]
 
     def _check(self, batch: BatchInput) -> None:
         """The scheduler should never build these; a clear error beats numpy wrapping a negative index

@@ -107,7 +107,10 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
     ln_f_weight: np.ndarray  # [n_embd]
     ln_f_bias: np.ndarray
-    lm_head: np.ndarray  # [vocab_size, n_embd]: the same array as wte when the embeddings are tied
+    # [n_embd, vocab_size], contiguous: the output projection, a transposed copy of wte when the
+    # embeddings are tied. OpenBLAS packs a transposed view on every call: with 2 to 32 rows that made
+    # the projection 1.3 to 1.7 times slower than on this copy (94 MB more memory at 30,522 x 768).
+    lm_head_t: np.ndarray
 
 
 def load_weights(model_dir: Path | str) -> ModelWeights:
@@ -149,7 +152,9 @@ def load_weights(model_dir: Path | str) -> ModelWeights:
     lm_head = wte
     if not hf_config.get("tie_word_embeddings", True):
         lm_head = take("lm_head.weight", (config.vocab_size, e), prefix="")
+    lm_head_t = np.ascontiguousarray(lm_head.T)
+    lm_head_t.setflags(write=False)
     return ModelWeights(
         config=config, wte=wte, wpe=take("wpe.weight", (config.n_positions, e)), layers=layers,
-        ln_f_weight=take("ln_f.weight", (e,)), ln_f_bias=take("ln_f.bias", (e,)), lm_head=lm_head,
+        ln_f_weight=take("ln_f.weight", (e,)), ln_f_bias=take("ln_f.bias", (e,)), lm_head_t=lm_head_t,
     )
