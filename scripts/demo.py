@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,10 +14,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 
-from clients.model_spec import REPO_ROOT, load_spec
+from clients.connection import Endpoint
+from clients.embeddings import EmbeddingClient
+from clients.generation import GenerationClient
+from clients.health import Admin, ModelStatistics
+from clients.model_spec import REPO_ROOT
+from clients.payloads import Sampling
 from scripts.serve import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -31,7 +33,6 @@ from scripts.serve import (
 )
 from scripts.triton_dist import LauncherError
 
-EMBED = load_spec("embed")
 SENTENCES = [
     "A man is playing a guitar.",
     "Someone is strumming a guitar on stage.",
@@ -49,18 +50,6 @@ def choose_ports(host: str) -> tuple[int, int, int]:
     return tuple(ports)
 
 
-def embed(module, client, texts: list[str]) -> np.ndarray:
-    data = np.array([[t.encode()] for t in texts], dtype=object)
-    tensor = module.InferInput(EMBED.inputs[0].name, list(data.shape), EMBED.inputs[0].wire_dtype)
-    tensor.set_data_from_numpy(data)
-    return client.infer(EMBED.name, [tensor]).as_numpy(EMBED.outputs[0].name)
-
-
-def model_stats(http_url: str, model: str) -> dict:
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=5) as r:
-        return json.load(r)["model_stats"][0]
-
-
 def show_similarities(vectors: np.ndarray) -> None:
     print("\ncosine similarity (the embeddings are unit length, so this is a dot product):")
     width = max(len(s) for s in SENTENCES)
@@ -69,53 +58,30 @@ def show_similarities(vectors: np.ndarray) -> None:
         print(f"  {s:<{width}}  {row}")
 
 
-def burst(http_url: str, grpc_url: str, num_requests: int, concurrency: int) -> tuple[float, dict]:
-    """Send single-text requests from many threads at once and return (seconds, minilm stats delta).
+def burst(grpc: Endpoint, num_requests: int, concurrency: int) -> tuple[float, ModelStatistics]:
+    """Send single-text requests from many threads at once; return (seconds, minilm stats delta).
     gRPC, because its client may be shared between threads (the HTTP one is gevent-based)."""
-    before = model_stats(http_url, "minilm")
     texts = [f"request number {i} about batching" for i in range(num_requests)]
-    with grpcclient.InferenceServerClient(grpc_url) as client:
+    with Admin(grpc) as admin, EmbeddingClient(grpc, model="embed", batch_size=1) as client:
+        before = admin.statistics("minilm")
         start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(lambda t: embed(grpcclient, client, [t]), texts))
+            list(pool.map(lambda t: client.embed([t]), texts))
         elapsed = time.perf_counter() - start
-    after = model_stats(http_url, "minilm")
-    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("inference_count", "execution_count")}
-    return elapsed, delta
+        return elapsed, admin.statistics("minilm") - before
 
 
-def stream_generation(grpc_url: str, prompt: str, max_tokens: int) -> None:
+def stream_generation(grpc: Endpoint, prompt: str, max_tokens: int) -> None:
     """Stream tokens from `gpt2` over gRPC and print them as they arrive."""
-    import queue
-
-    spec = load_spec("gpt2")
-    values = {"text_input": [prompt.encode()], "max_tokens": [max_tokens], "ignore_eos": [True], "stream": [True]}
-    inputs = []
-    for name, value in values.items():
-        array = np.array(value, dtype=spec.input(name).numpy_dtype)
-        tensor = grpcclient.InferInput(name, list(array.shape), spec.input(name).wire_dtype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    arrived: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(grpc_url) as client:
-        client.start_stream(callback=lambda result, error: arrived.put((time.perf_counter(), result, error)))
-        sent = time.perf_counter()
-        client.async_stream_infer("gpt2", inputs)
-        print(f"\ngpt2 (continuous batching, random weights, so the words are noise), streamed over gRPC:\n  {prompt} ",
-              end="", flush=True)
-        times = []
-        while True:
-            at, result, error = arrived.get(timeout=120)
-            if error is not None:
-                raise error
-            times.append(at - sent)
-            print(result.as_numpy("text_output")[0].decode(), end="", flush=True)
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                reason = result.as_numpy("finish_reason")[0].decode()
-                break
-        client.stop_stream()
-    tpot = (times[-1] - times[0]) / max(len(times) - 1, 1)
-    print(f"\n  {len(times)} tokens, finish reason {reason}: TTFT {1e3 * times[0]:.0f} ms, TPOT {1e3 * tpot:.0f} ms")
+    print(f"\ngpt2 (continuous batching, random weights, so the words are noise), streamed over gRPC:\n  {prompt} ",
+          end="", flush=True)
+    with GenerationClient(grpc).stream(prompt, Sampling(max_tokens=max_tokens, ignore_eos=True)) as tokens:
+        for event in tokens:
+            print(event.text, end="", flush=True)
+        result = tokens.result()
+    t = result.timing
+    print(f"\n  {result.num_output_tokens} tokens, finish reason {result.finish_reason}: "
+          f"TTFT {1e3 * t.ttft_s:.0f} ms, TPOT {1e3 * (t.tpot_s or 0):.0f} ms")
 
 
 ENVELOPE_OUT = REPO_ROOT / "bench_results" / "envelope" / "demo"
@@ -158,6 +124,11 @@ From Python (tritonclient):
   c = h.InferenceServerClient("127.0.0.1:{DEFAULT_HTTP_PORT}")
   t = h.InferInput("text", [1, 1], "BYTES"); t.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
   c.infer("embed", [t]).as_numpy("embedding")   # (1, 384) float32
+With this repository's client toolkit (README: "Client toolkit"; add --url HOST:PORT for other ports):
+  .venv/bin/python -m clients health
+  .venv/bin/python -m clients stats minilm          # batch-size distribution, queue and compute time
+  .venv/bin/python -m clients generate "hello" --max-tokens 16 --stream
+  .venv/bin/python -m clients batch --input docs.jsonl --output out.jsonl --model embed
 Generation (gpt2, continuous batching; gpt2_static for request-level batching):
   curl -s localhost:{DEFAULT_HTTP_PORT}/v2/models/gpt2/generate -d '{{"text_input": "hello", "max_tokens": 8}}'
   curl -sN localhost:{DEFAULT_HTTP_PORT}/v2/models/gpt2/generate_stream -d '{{"text_input": "hello", "max_tokens": 8, "stream": true}}'
@@ -186,23 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         print(f"ready in {time.perf_counter() - started:.1f} s; models: minilm (ONNX, dynamic batching), "
               f"embed (text -> minilm), gpt2 and gpt2_static (decoder, continuous and static batching)")
-        with httpclient.InferenceServerClient(opts.http_url) as http, \
-                grpcclient.InferenceServerClient(opts.grpc_url) as grpc:
-            over_http = embed(httpclient, http, SENTENCES)
-            over_grpc = embed(grpcclient, grpc, SENTENCES)
+        http, grpc = Endpoint(opts.http_url, "http"), Endpoint(opts.grpc_url, "grpc")
+        with EmbeddingClient(http) as over, EmbeddingClient(grpc) as under:
+            over_http, over_grpc = over.embed(SENTENCES), under.embed(SENTENCES)
         print(f"\nembed over HTTP: {over_http.shape[0]} texts -> {over_http.shape} {over_http.dtype}, "
               f"norms {[round(float(n), 4) for n in np.linalg.norm(over_http, axis=1)]}")
         print(f"embed over gRPC: same texts, max |HTTP - gRPC| = {np.abs(over_http - over_grpc).max():.2e}")
         print(f"first values of the first embedding: {[round(float(x), 4) for x in over_http[0, :6]]}")
         show_similarities(over_http)
 
-        elapsed, delta = burst(opts.http_url, opts.grpc_url, args.requests, args.concurrency)
-        inferences, executions = delta["inference_count"], delta["execution_count"]
+        elapsed, delta = burst(grpc, args.requests, args.concurrency)
         print(f"\n{args.requests} single-text requests from {args.concurrency} threads in {elapsed:.2f} s "
               f"({args.requests / elapsed:.0f} requests/s)")
-        print(f"minilm ran them in {executions} executions: average batch {inferences / max(executions, 1):.1f} "
-              f"(Triton's dynamic batcher at work; see /v2/models/minilm/stats)")
-        stream_generation(opts.grpc_url, "continuous batching keeps the", 16)
+        print(f"minilm ran them in {delta.execution_count} executions: average batch {delta.avg_batch_size or 0:.1f} "
+              f"(Triton's dynamic batcher at work; `python -m clients stats minilm` shows the sizes)")
+        stream_generation(grpc, "continuous batching keeps the", 16)
         reports = [] if args.skip_envelope else envelope_demo(opts)
     print("server stopped.")
     print(how_to_call(opts))
