@@ -8,24 +8,17 @@ import time
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from clients.model_spec import load_spec
+from clients.payloads import tensors
 
 GPT2 = load_spec("gpt2")
 
 
 def grpc_inputs(**values):
-    inputs = []
-    for name, value in values.items():
-        spec = GPT2.input(name)
-        array = np.array(value, dtype=spec.numpy_dtype).reshape(-1)
-        tensor = grpcclient.InferInput(name, list(array.shape), spec.wire_dtype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+    return tensors(grpcclient, GPT2, values)
 
 
 def stream(server, model="gpt2", **values):
