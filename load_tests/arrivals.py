@@ -108,7 +108,8 @@ def interarrival_stats(offsets: np.ndarray) -> tuple[float, float]:
 
 @dataclass
 class OpenLoopStats:
-    """Counters of one dispatcher (or, combined, of a whole run). An arrival is `late` when it was
+    """Counters of one dispatcher (or, combined, of a whole run). `scheduled` counts the arrivals
+    the schedule held up to now, whether the dispatcher has reached them or not. An arrival is `late` when it was
     handed to a user more than `late_threshold_ms` after its scheduled time; `cap_hits` counts
     arrivals that found every user busy and waited for one (their latency still counts from the
     scheduled time). Over `measured_s` (the whole run; when pinned, the whole pinned windows that

@@ -239,7 +239,7 @@ def parse_args(argv=None) -> EnvelopeConfig:
             model=a.model, load_kind="concurrency" if a.concurrency else "rate", loads=a.concurrency or a.rates,
             url=a.url, grpc_url=a.grpc_url, metrics_url=a.metrics_url, protocol=a.protocol, duration_s=a.duration,
             warmup_s=a.warmup, window_s=a.window, max_in_flight=a.max_in_flight,
-            max_tokens=a.max_tokens if a.max_tokens or not a.workload else None,
+            max_tokens=a.max_tokens if a.max_tokens is not None else None if a.workload else EnvelopeConfig.max_tokens,
             workload=a.workload, pin_arrivals=a.pin_arrivals, out=a.out or DEFAULT_OUT / a.model,
             slo=Slo(a.slo_p99_ms, a.slo_ttft_p99_ms, a.slo_tpot_p99_ms, a.max_error_rate))
     except ValueError as e:

@@ -38,6 +38,11 @@ class Dispatcher:
         # pinned only: arrivals by the window of their scheduled time, requests by that of their send
         self._scheduled_per_window: list[int] = []
         self._sent_per_window: list[int] = []
+        # unpinned: a second pass over the same seeded schedule counts the arrivals due so far, so a
+        # dispatcher that falls behind (its loop waiting for a free user) shows as scheduled > sent
+        self._due_offsets = None
+        self._num_due = 0
+        self._next_due_s = 0.0
 
     @property
     def is_stopped(self) -> bool:
@@ -84,11 +89,26 @@ class Dispatcher:
                 scheduled, sent = sum(self._scheduled_per_window[:whole]), sum(self._sent_per_window[:whole])
             else:
                 stats.measured_s = stats.elapsed_s
-                scheduled, sent = stats.scheduled, stats.sent
+                scheduled, sent = max(stats.scheduled, self._arrivals_due(stats.elapsed_s)), stats.sent
             if stats.measured_s > 0:
                 stats.scheduled_rate_per_s = scheduled / stats.measured_s
                 stats.achieved_rate_per_s = sent / stats.measured_s
+            snapshot = OpenLoopStats.from_dict(stats.to_dict())
+            if not whole:
+                snapshot.scheduled = scheduled
+            return snapshot
         return OpenLoopStats.from_dict(stats.to_dict())
+
+    def _arrivals_due(self, elapsed_s: float) -> int:
+        """How many arrivals the schedule holds at offsets <= elapsed_s, reached by the dispatcher
+        or not."""
+        if self._due_offsets is None:
+            self._due_offsets = self.process.offsets()
+            self._next_due_s = next(self._due_offsets)
+        while self._next_due_s <= elapsed_s:
+            self._num_due += 1
+            self._next_due_s = next(self._due_offsets)
+        return self._num_due
 
     def _next_user(self, block: bool) -> AsyncResult | None:
         """The slot of an idle user that is still alive; None when none is idle and not `block`."""

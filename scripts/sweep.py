@@ -127,10 +127,12 @@ def main(argv=None) -> int:
     out = a.out or DEFAULT_OUT.parent / "sweep" / a.model
     try:
         slo = Slo(a.slo_p99_ms, a.slo_ttft_p99_ms, a.slo_tpot_p99_ms, a.max_error_rate)
+        # --max-tokens, else each workload record's own, else the envelope's default
+        max_tokens = a.max_tokens if a.max_tokens is not None else None if a.workload else EnvelopeConfig.max_tokens
         base = EnvelopeConfig(model=a.model, load_kind="concurrency" if a.concurrency else "rate",
                               loads=tuple(a.concurrency or a.rates), protocol=a.protocol, duration_s=a.duration,
                               warmup_s=a.warmup, window_s=a.window, slo=slo, out=out,
-                              max_tokens=a.max_tokens or (None if a.workload else EnvelopeConfig.max_tokens),
+                              max_tokens=max_tokens,
                               max_in_flight=a.max_in_flight, workload=a.workload, pin_arrivals=a.pin_arrivals)
         variants, skipped = variant_grid(load_config(a.model), a.model, max_batch_size=a.max_batch_size,
                                          preferred_batch_sizes=a.preferred_batch_sizes,

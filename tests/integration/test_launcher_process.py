@@ -1,6 +1,5 @@
 """The launcher as a user runs it: `scripts/serve.py` in its own process, ready message, Ctrl-C,
 and clear failures for a taken port and a repository that Triton refuses."""
-import os
 import shutil
 import signal
 import socket

@@ -98,7 +98,7 @@ def test_open_loop_sends_the_drawn_schedule_on_time_below_saturation(server, tmp
     drawn = ArrivalProcess(20.0, seed=1).sample(2 * scheduled + 50)
     assert np.sum(drawn < elapsed_s - 0.25) <= scheduled <= np.sum(drawn <= elapsed_s), open_loop
     assert scheduled - 1 <= sent <= scheduled and int(open_loop["cap_hits"]) == 0, open_loop
-    assert int(open_loop["late"]) <= 0.05 * sent and float(open_loop["max_late_ms"]) < 250.0, open_loop
+    assert int(open_loop["late"]) <= 0.05 * sent and float(open_loop["max_late_ms"]) < 500.0, open_loop
     scheduled_rate, achieved = float(open_loop["scheduled_rate_per_s"]), float(open_loop["achieved_rate_per_s"])
     assert achieved == pytest.approx(scheduled_rate, abs=1.0 / elapsed_s), open_loop  # one request at most
     expected = 20.0 * elapsed_s

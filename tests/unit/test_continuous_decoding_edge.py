@@ -1,12 +1,11 @@
 """The continuous-decoding Triton edge (model.py) through the fake pb_utils: requests in, token
 streams and final responses out, on a small random GPT-2 and the real engine thread."""
 import json
-import shutil
 
 import numpy as np
 import pytest
 
-from clients.model_spec import MODEL_REPOSITORY, load_spec
+from clients.model_spec import load_spec
 from scripts.make_decoder_weights import RandomShape, make_random_checkpoint
 from tests.unit.conftest import REPO, load_model_module
 
