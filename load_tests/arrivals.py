@@ -109,10 +109,10 @@ def interarrival_stats(offsets: np.ndarray) -> tuple[float, float]:
 @dataclass
 class OpenLoopStats:
     """Counters of one dispatcher (or, combined, of a whole run). `scheduled` counts the arrivals
-    the schedule held up to now, whether the dispatcher has reached them or not. An arrival is `late` when it was
-    handed to a user more than `late_threshold_ms` after its scheduled time; `cap_hits` counts
-    arrivals that found every user busy and waited for one (their latency still counts from the
-    scheduled time). Over `measured_s` (the whole run; when pinned, the whole pinned windows that
+    the schedule held up to now, whether the dispatcher has reached them or not. An arrival is
+    `late` when it was handed to a user more than `late_threshold_ms` after its scheduled time;
+    `cap_hits` counts arrivals that found every user busy and waited for one (their latency still
+    counts from the scheduled time). Over `measured_s` (the whole run; when pinned, the whole pinned windows that
     ended before it did): `scheduled_rate_per_s` is the rate of the schedule actually drawn, which
     differs from the target by the process's own noise (about 1/sqrt(arrivals) for Poisson) unless
     pinned, and `achieved_rate_per_s` the requests actually sent per second, which a dispatcher that

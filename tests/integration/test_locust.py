@@ -84,10 +84,11 @@ def test_open_loop_sends_the_drawn_schedule_on_time_below_saturation(server, tmp
     the target: an unpinned Poisson count over 12 s (about 240 arrivals) differs from 20/s by its own
     noise (±6.5 %, 1 sd), and pinning the count per window to make "achieved within 2 % of the
     target" hold would make it hold by construction of the schedule while hiding the variance that
-    open loop exists to offer. So: the dispatcher scheduled exactly the seeded arrivals due before it
-    stopped, sent every one of them (at most the one in hand at the stop excepted), none waited for
-    a user and few were late; and the drawn schedule's own rate is near the target only within
-    4 standard deviations of a Poisson count, which is all that its seed promises."""
+    open loop exists to offer. So: the dispatcher counted exactly the seeded arrivals due before it
+    stopped, sent every one of them (those due in its last 0.1 s excepted) for an achieved rate
+    within 2 % of the schedule's, none waited for a user and few were late; and the drawn
+    schedule's own rate is near the target only within 4 standard deviations of a Poisson count,
+    which is all that its seed promises."""
     tables = run_locust("embed_http.py", f"http://{server.opts.http_url}", tmp_path / "run",
                         "--arrival-rate", "20", "--arrival-seed", "1", users=16, seconds=12)
     (open_loop,) = tables["open_loop"]
@@ -97,10 +98,12 @@ def test_open_loop_sends_the_drawn_schedule_on_time_below_saturation(server, tmp
     # while the dispatcher was catching up at the very end
     drawn = ArrivalProcess(20.0, seed=1).sample(2 * scheduled + 50)
     assert np.sum(drawn < elapsed_s - 0.25) <= scheduled <= np.sum(drawn <= elapsed_s), open_loop
-    assert scheduled - 1 <= sent <= scheduled and int(open_loop["cap_hits"]) == 0, open_loop
+    # sent on time: every arrival due before the last 0.1 s went out (a dispatcher that fell behind
+    # would leave scheduled arrivals unsent), and none waited for a free user
+    assert np.sum(drawn <= elapsed_s - 0.1) <= sent <= scheduled and int(open_loop["cap_hits"]) == 0, open_loop
     assert int(open_loop["late"]) <= 0.05 * sent and float(open_loop["max_late_ms"]) < 500.0, open_loop
     scheduled_rate, achieved = float(open_loop["scheduled_rate_per_s"]), float(open_loop["achieved_rate_per_s"])
-    assert achieved == pytest.approx(scheduled_rate, abs=1.0 / elapsed_s), open_loop  # one request at most
+    assert achieved == pytest.approx(scheduled_rate, rel=0.02), open_loop  # the issue's 2 %, against the schedule
     expected = 20.0 * elapsed_s
     assert abs(scheduled - expected) <= 4 * math.sqrt(expected), open_loop
     total = aggregated(tables)
