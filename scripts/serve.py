@@ -237,6 +237,13 @@ class EmbeddedServer:
                 code = self.process.wait()
         elif self.process is not None:
             code = self.process.returncode
+        if self.process is not None:
+            # A tritonserver that crashed or gave up on its exit timeout ("Exiting immediately") leaves
+            # its Python backend stubs running; they share its process group, so end the group.
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

@@ -1,5 +1,6 @@
 """The launcher as a user runs it: `scripts/serve.py` in its own process, ready message, Ctrl-C,
 and clear failures for a taken port and a repository that Triton refuses."""
+import os
 import shutil
 import signal
 import socket
@@ -100,3 +101,38 @@ def test_a_config_that_disagrees_with_the_graph_fails_with_the_reason(tmp_path):
     assert "exited" in str(caught.value)
     assert "[512]" in str(caught.value) and "384" in str(caught.value)
     assert server.process.poll() is not None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in a process group (zombies excluded), read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_stop_ends_whatever_is_left_of_a_server_that_died(tmp_path):
+    """A tritonserver that crashes while giving up on its exit timeout ("Exiting immediately", then
+    signal 11, with inferences in flight) has been seen to leave its Python backend stubs running.
+    Stopping the launcher must end everything in the server's process group. A stub stopped with
+    SIGSTOP stands in for a stuck one (left alone, it cannot notice that its server is gone)."""
+    repo = copy_repository(tmp_path / "model_repository", models=("minilm",))
+    server = EmbeddedServer(options_on_free_ports(repo), log_path=tmp_path / "server.log").start()
+    pgid = server.process.pid
+    try:
+        stubs = [pid for pid in group_members(pgid) if pid != pgid]
+        assert stubs, "the minilm instances run in backend stubs of the server's process group"
+        os.kill(stubs[0], signal.SIGSTOP)
+        server.process.send_signal(signal.SIGKILL)  # the server alone, as a crash would
+        server.process.wait(timeout=30)
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 10
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(pgid) == []
