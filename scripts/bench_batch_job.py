@@ -27,7 +27,7 @@ from clients.connection import Endpoint
 from clients.payloads import load_tokenizer
 from scripts.bench_dynamic_batching import bench_served, machine
 from scripts.serve import EmbeddedServer, options_on_free_ports
-from tests.integration.conftest import copy_repository
+from scripts.variants import load_config, write_repository
 
 RESULTS = Path("bench_results/batch_job.json")
 CEILING = "ceiling (minilm, batch-1 requests)"
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
         workdir = Path(tmp)
         records = workdir / "records.jsonl"
         write_records(records, args.records, args.seq_len)
-        opts = options_on_free_ports(copy_repository(workdir / "repo", models=("minilm", "embed")))
+        repo = write_repository(workdir / "repo", {m: load_config(m) for m in ("minilm", "embed")})
+        opts = options_on_free_ports(repo)
         with EmbeddedServer(opts, log_path=workdir / "server.log"):
             endpoint = Endpoint(opts.grpc_url, "grpc", 120)
             for repeat in range(args.repeats):
