@@ -11,7 +11,7 @@ import numpy as np
 
 from .connection import ClientOwner, Endpoint
 from .model_spec import ModelSpec, load_spec
-from .payloads import EMBED_MODEL, ENCODING_FIELDS, TOKEN_MODEL, embedding_output, tensors, text_values, token_values
+from .payloads import EMBED_MODEL, embedding_output, embedding_values, tensors
 from .retry import RetryPolicy, acall_with_retry, call_with_retry
 
 
@@ -40,9 +40,7 @@ class RequestOptions:
 def _values(spec: ModelSpec, texts: list[str], max_length: int) -> dict:
     if not texts:
         raise ValueError("no texts to embed")
-    if spec.name == TOKEN_MODEL or set(spec.input_names) <= set(ENCODING_FIELDS):
-        return token_values(spec, texts, max_length)
-    return text_values(spec, texts)
+    return embedding_values(spec, texts, max_length)
 
 
 def _chunks(texts: list[str], size: int) -> list[list[str]]:

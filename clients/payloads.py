@@ -87,6 +87,15 @@ def token_values(spec: ModelSpec, texts: list[str], max_length: int = 256) -> di
     return values
 
 
+def embedding_values(spec: ModelSpec, texts: list[str], max_length: int = 256) -> dict[str, np.ndarray]:
+    """The inputs of an embedding model for `texts`: the text itself for a model with one string
+    input (`embed`), token ids made here for one that takes a tokenizer's fields (`minilm`)."""
+    (first, *rest) = spec.inputs
+    if not rest and first.wire_dtype == "BYTES":
+        return text_values(spec, texts)
+    return token_values(spec, texts, max_length)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling inputs of a generation request; None leaves the server's default. Field names are the

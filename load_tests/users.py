@@ -35,18 +35,11 @@ import time
 
 from gevent.queue import Empty, Queue
 
-from clients.model_spec import ModelSpec
-from clients.payloads import (Sampling, chunk_from_event, chunk_from_result, embedding_output, generate_body,
-                              generate_values, parse_sse, tensors, text_values, token_values)
+from clients.payloads import (Sampling, chunk_from_event, chunk_from_result, embedding_output, embedding_values,
+                              generate_body, generate_values, parse_sse, tensors)
 
 from .base_user import (DEFAULT_GRPC_HOST, DEFAULT_HTTP_HOST, GrpcLoadUser, HttpLoadUser, LoadUser,  # noqa: F401
                         RequestFailed, configured, grpc_client, grpc_target)
-
-
-def _embedding_values(spec: ModelSpec, text: str) -> dict:
-    """Text for a model with one string input (embed), token ids otherwise (minilm)."""
-    (first, *rest) = spec.inputs
-    return text_values(spec, [text]) if not rest and first.wire_dtype == "BYTES" else token_values(spec, [text])
 
 
 class EmbedHttpUser(HttpLoadUser):
@@ -56,7 +49,7 @@ class EmbedHttpUser(HttpLoadUser):
         import tritonclient.http as httpclient
 
         spec = self.model_spec()
-        inputs = tensors(httpclient, spec, _embedding_values(spec, record.text))
+        inputs = tensors(httpclient, spec, embedding_values(spec, [record.text]))
         outputs = [httpclient.InferRequestedOutput(embedding_output(spec), binary_data=True)]
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
             inputs, outputs=outputs, priority=self.priority)
@@ -76,7 +69,7 @@ class EmbedGrpcUser(GrpcLoadUser):
         import tritonclient.grpc as grpcclient
 
         spec = self.model_spec()
-        return (tensors(grpcclient, spec, _embedding_values(spec, record.text)),
+        return (tensors(grpcclient, spec, embedding_values(spec, [record.text])),
                 [grpcclient.InferRequestedOutput(embedding_output(spec))])
 
     def send(self, request, t0, context) -> int:
