@@ -2,14 +2,14 @@
 Cancelling the consuming task, or leaving `async with` early, cancels the request on the server."""
 from __future__ import annotations
 
-import asyncio
 import time
 
 from .embeddings import RequestOptions
-from .errors import ClientError, http_error, to_client_error
+from .errors import ClientError, http_error
 from .generation import Generation, GenerationSettings, TokenEvent, _assemble, _stream_error
 from .payloads import Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
+from .retry import acall_with_retry
 
 
 class AsyncTokenStream:
@@ -25,22 +25,16 @@ class AsyncTokenStream:
         self._sent = 0.0
 
     async def _open(self):
-        attempt, start = 0, time.monotonic()
-        while True:
-            attempt += 1
+        async def attempt():
             self._sent = time.perf_counter()
             self._chunks = self._client._chunks(*self._args)
             try:
                 return await anext(self._chunks)  # connection errors surface with the first response
-            except Exception as exc:
+            except Exception:
                 await self._chunks.aclose()
-                if isinstance(exc, (ValueError, KeyError)):  # the caller's mistake: no retry, no mapping
-                    raise
-                error = to_client_error(exc)
-                delay = self._client.retry.next_sleep_s(error, attempt, time.monotonic() - start)
-                if delay is None:
-                    raise error from (None if error is exc else exc)
-                await asyncio.sleep(delay)
+                raise
+
+        return await acall_with_retry(attempt, self._client.retry)
 
     def __aiter__(self):
         return self

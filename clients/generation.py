@@ -18,7 +18,7 @@ from .errors import ClientError, DeadlineExceededError, error_class, http_error,
 from .model_spec import ModelSpec, load_spec
 from .payloads import GENERATE_MODEL, Chunk, Sampling, chunk_from_event, chunk_from_result, generate_body, \
     generate_values, parse_sse, tensors
-from .retry import RetryPolicy
+from .retry import RetryPolicy, call_with_retry
 from .timing import RequestTiming
 
 
@@ -77,25 +77,17 @@ class TokenStream:
         self._done = False
 
     def _open(self):
-        attempt, start = 0, time.monotonic()
-        while True:
-            attempt += 1
+        def attempt():
             self._sent = time.perf_counter()
-            opened = None
+            next_chunk, cancel = self._opener()
             try:
-                opened = self._opener()
-                first = opened[0]()  # connection errors surface with the first response
-                return self._prepend(first, opened[0]), opened[1]
-            except Exception as exc:
-                if opened is not None:
-                    opened[1](True)
-                if isinstance(exc, (ValueError, KeyError)):  # the caller's mistake: no retry, no mapping
-                    raise
-                error = to_client_error(exc)
-                delay = self._retry.next_sleep_s(error, attempt, time.monotonic() - start)
-                if delay is None:
-                    raise error from (None if error is exc else exc)
-                time.sleep(delay)
+                first = next_chunk()  # connection errors surface with the first response
+            except Exception:
+                cancel(True)
+                raise
+            return self._prepend(first, next_chunk), cancel
+
+        return call_with_retry(attempt, self._retry)
 
     @staticmethod
     def _prepend(first, next_chunk):

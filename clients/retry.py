@@ -48,6 +48,8 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+# The caller's own mistakes (a bad argument, a name the model lacks): raised as they are, never retried.
+CALLER_MISTAKES = (ValueError, KeyError)
 
 
 def call_with_retry(fn: Callable[[], T], policy: RetryPolicy, sleep=time.sleep, clock=time.monotonic) -> T:
@@ -58,7 +60,9 @@ def call_with_retry(fn: Callable[[], T], policy: RetryPolicy, sleep=time.sleep, 
         attempt += 1
         try:
             return fn()
-        except Exception as exc:  # mapped: only ClientErrors leave this function
+        except CALLER_MISTAKES:
+            raise
+        except Exception as exc:  # mapped: only ClientErrors (and the caller's mistakes) leave here
             error = to_client_error(exc)
             delay = policy.next_sleep_s(error, attempt, clock() - start)
             if delay is None:
@@ -74,6 +78,8 @@ async def acall_with_retry(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, 
         attempt += 1
         try:
             return await fn()
+        except CALLER_MISTAKES:
+            raise
         except Exception as exc:
             error = to_client_error(exc)
             delay = policy.next_sleep_s(error, attempt, clock() - start)

@@ -94,6 +94,14 @@ def test_a_final_error_is_not_retried_and_comes_out_mapped():
     assert len(calls) == 1 and clock.sleeps == []
 
 
+def test_the_callers_own_mistakes_pass_through_unmapped_and_unretried():
+    clock = FakeClock()
+    fn, calls = failing([ValueError("priority needs protocol grpc")])
+    with pytest.raises(ValueError, match="priority"):
+        call_with_retry(fn, RetryPolicy(max_attempts=5), sleep=clock.sleep, clock=clock)
+    assert len(calls) == 1
+
+
 def test_retries_are_bounded_in_count():
     clock = FakeClock()
     fn, calls = failing([errors.UnavailableError("down")] * 100)
