@@ -6,6 +6,8 @@ import asyncio
 import json
 import socket
 
+import grpc
+
 
 class ClientError(Exception):
     """Any failure of a call to the server. `status` is the raw status the transport reported (a gRPC
@@ -127,6 +129,10 @@ def to_client_error(exc: BaseException) -> ClientError:
     if isinstance(exc, InferenceServerException):
         message = exc.message() or ""
         status = exc.status()
+        return error_class(status, message)(message, status)
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        # tritonclient's asyncio stream lets the channel's own error through unwrapped
+        message, status = exc.details() or "", str(exc.code())
         return error_class(status, message)(message, status)
     if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, BrokenPipeError)):
         return UnavailableError(f"cannot reach the server: {exc}", type(exc).__name__)

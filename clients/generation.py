@@ -176,9 +176,15 @@ class GenerationClient(GenerationSettings):
         try:
             client.start_stream(callback=lambda result, error: arrived.put((result, error, time.perf_counter())))
             client.async_stream_infer(self.model, inputs, **options.triton_kwargs())
-        except BaseException:
+        except BaseException as exc:
             client.close()
-            raise
+            # A stream that failed at once (server down) reports why through the callback; the send
+            # only says "no longer in valid state". Raise the reason, so that UNAVAILABLE is retried.
+            try:
+                _, error, _ = arrived.get(timeout=1.0)
+            except queue.Empty:
+                raise exc from None
+            raise to_client_error(error) from exc
 
         def next_chunk():
             try:

@@ -49,6 +49,20 @@ def test_transport_errors_map_too(exc, expected):
     assert type(errors.to_client_error(exc)) is expected
 
 
+def test_a_raw_grpc_error_maps_by_its_code():
+    import grpc
+
+    class RpcError(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "failed to connect to all addresses"
+
+    mapped = errors.to_client_error(RpcError())
+    assert type(mapped) is errors.UnavailableError and mapped.status == "StatusCode.UNAVAILABLE"
+
+
 def test_only_unavailable_and_overloaded_are_retryable():
     retryable = {cls for cls in vars(errors).values()
                  if isinstance(cls, type) and issubclass(cls, errors.ClientError) and cls.retryable}
@@ -154,3 +168,22 @@ def test_the_asyncio_variant_retries_the_same_way():
     outcomes[:] = [errors.UnavailableError("down")] * 3
     with pytest.raises(errors.UnavailableError):
         asyncio.run(acall_with_retry(fn, RetryPolicy(max_attempts=2, initial_backoff_s=0.0, max_backoff_s=0.0)))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_stream_to_a_server_that_is_down_is_unavailable_after_its_retries(protocol):
+    import asyncio
+
+    from clients.async_generation import AsyncGenerationClient
+    from clients.connection import Endpoint
+    from clients.generation import GenerationClient
+
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = Endpoint(f"127.0.0.1:{port}", protocol, timeout_s=5)
+    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.0, max_backoff_s=0.0)
+    with pytest.raises(errors.UnavailableError):
+        GenerationClient(endpoint, retry=policy).generate("hi")
+    with pytest.raises(errors.UnavailableError):
+        asyncio.run(AsyncGenerationClient(endpoint, retry=policy).generate("hi"))
