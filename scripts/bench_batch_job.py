@@ -25,7 +25,8 @@ if __package__ in (None, ""):
 from clients.batch_job import BatchJob, JobConfig
 from clients.connection import Endpoint
 from clients.payloads import load_tokenizer
-from scripts.bench_dynamic_batching import bench_served, machine
+from scripts.bench_dynamic_batching import bench_served
+from scripts.bench_record import write_record
 from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, write_repository
 
@@ -93,11 +94,7 @@ def main(argv=None) -> int:
     print(f"\n{'':40s} {'texts/s':>9} {'/ ceiling':>10}   (medians of {args.repeats} repeats)")
     for name, value in medians.items():
         print(f"{name:40s} {value:9.1f} {ratios[name]:10.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "batch_job", "machine": machine(), "settings": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "runs": rows, "medians": medians, "ratios": ratios}, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, "batch_job", args, runs=rows, medians=medians, ratios=ratios)
     return 0
 
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -33,6 +30,7 @@ import onnxruntime as ort
 
 from clients.model_spec import MODEL_REPOSITORY, load_spec
 from load_tests.server_stats import model_stats
+from scripts.bench_record import write_record
 from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, with_batching, without_batching, write_repository
 
@@ -272,11 +270,6 @@ def summarize(in_process: list[InProcessPoint], served: list[ServedPoint], at_co
     return summary
 
 
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__}
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq-len", type=int, default=32, help="tokens per text (default %(default)s)")
@@ -314,14 +307,8 @@ def main(argv=None) -> int:
     print("\nsummary")
     for k, v in summary.items():
         print(f"  {k:32s} {v:10.3f}" if isinstance(v, float) else f"  {k:32s} {v:10d}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "benchmark": "dynamic_batching", "model": MINILM.name, "machine": machine(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "points": [asdict(p) for p in in_process + padding + served], "summary": summary,
-    }
-    args.out.write_text(json.dumps(record, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, "dynamic_batching", args, model=MINILM.name,
+                 points=[asdict(p) for p in in_process + padding + served], summary=summary)
     return 0
 
 

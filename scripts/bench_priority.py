@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -27,7 +26,7 @@ from clients.embeddings import AsyncEmbeddingClient, RequestOptions
 from clients.errors import ClientError
 from clients.model_spec import load_spec
 from clients.timing import percentile
-from scripts.bench_dynamic_batching import machine
+from scripts.bench_record import write_record
 from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, write_repository
 
@@ -127,11 +126,7 @@ def main(argv=None) -> int:
         summary[f"{key} off / on"] = off_on
         print(f"{key:20s} median: priority on {summary[f'{key} (priority on, median)']:8.1f}, "
               f"off {summary[f'{key} (priority off, median)']:8.1f}, off / on {off_on:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "priority", "machine": machine(), "settings": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": results,
-        "summary": summary}, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, "priority", args, runs=results, summary=summary)
     return 0
 
 
