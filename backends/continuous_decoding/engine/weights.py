@@ -109,7 +109,8 @@ class ModelWeights:
     ln_f_bias: np.ndarray
     # [n_embd, vocab_size], contiguous: the output projection, a transposed copy of wte when the
     # embeddings are tied. OpenBLAS packs a transposed view on every call: with 2 to 32 rows that made
-    # the projection 1.3 to 1.7 times slower than on this copy (94 MB more memory at 30,522 x 768).
+    # the projection 1.4 to 1.6 times slower than on this copy (94 MB more memory at 30,522 x 768;
+    # BENCHMARKS.md, decoding).
     lm_head_t: np.ndarray
 
 
