@@ -142,7 +142,7 @@ def test_health_models_and_statistics(server):
     with EmbeddingClient(endpoints(server)["grpc"], model="minilm", batch_size=4, concurrency=4) as client:
         before = admin.statistics("minilm")
         client.embed(TEXTS)
-        delta = admin.statistics("minilm") - before
+        delta = settled_delta(admin, "minilm", before, len(TEXTS))
     assert delta.inference_count == len(TEXTS) and delta.success.count == len(TEXTS) // 4
     assert sum(size * n for size, n in delta.batch_executions.items()) == len(TEXTS)
     assert delta.avg_batch_size >= 4 and delta.avg_compute_us > 0 and delta.avg_queue_us >= 0
@@ -152,6 +152,19 @@ def test_health_models_and_statistics(server):
     with pytest.raises(NotFoundError):
         admin.statistics("no_such_model")
     admin.close()
+
+
+def settled_delta(admin, model, before, inferences, timeout_s=5.0):
+    """The statistics since `before`, read again until the batch counts account for every inference:
+    Triton records a batch's statistics after it has sent the responses, so a read made as soon as
+    the last response arrives can miss the last batch."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        delta = admin.statistics(model) - before
+        counted = sum(size * n for size, n in delta.batch_executions.items())
+        if (delta.inference_count, counted) == (inferences, inferences) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.05)
 
 
 def test_every_cli_command(server, tmp_path):

@@ -3,6 +3,7 @@ PyTorch, batching that Triton's dynamic batcher actually does, and the ssl trap.
 import json
 import platform
 import ssl
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -146,13 +147,26 @@ def test_concurrent_requests_are_batched(server, grpc, reference):
         results = list(pool.map(lambda _: infer_minilm(grpcclient, grpc, one), range(num_requests)))
     for r in results:
         np.testing.assert_allclose(r[0], onnx_out[1], rtol=0, atol=1e-5)
-    after = _stats(server)
+    after = _settled_stats(server, before, num_requests)
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == num_requests
     assert executions < num_requests, f"{executions} executions for {inferences} requests: nothing was batched"
     grown = {size: n - before["batches"].get(size, 0) for size, n in after["batches"].items()}
     assert any(n > 0 for size, n in grown.items() if size > 1), f"batches executed during the burst: {grown}"
+
+
+def _settled_stats(server, before, num_requests, timeout_s=5.0):
+    """Statistics read again until they count every request: Triton records a batch's statistics
+    after sending its responses, so the last batch can be missing from a read made at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = _stats(server)
+        counted = sum(size * (n - before["batches"].get(size, 0)) for size, n in after["batches"].items())
+        settled = after["inference_count"] - before["inference_count"] >= num_requests and counted >= num_requests
+        if settled or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
 
 
 def _stats(server):
