@@ -48,7 +48,7 @@ def test_engine_grid_sets_parameters_and_checks_them_with_the_engine():
     static = variants[1].config
     assert static.parameters["scheduling"].string_value == "static"
     assert static.parameters["max_num_seqs"].string_value == "8"
-    assert static.parameters["kv_cache_bytes"].string_value == "268435456"
+    assert static.parameters["kv_cache_bytes"].string_value == "1073741824"
 
 
 def test_options_of_the_other_batching_kind_are_refused():
