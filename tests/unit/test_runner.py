@@ -1,4 +1,4 @@
-"""NumpyRunner against Hugging Face GPT2LMHeadModel on the same small random weights: prefill, ragged
+"""CpuRunner against Hugging Face GPT2LMHeadModel on the same small random weights: prefill, ragged
 batches over shuffled cache blocks, chunked prefill, greedy generation; and the weights script's output.
 
 Tolerance: both sides compute in float32 and differ only in summation order; the measured max |diff| is
@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from transformers import GPT2LMHeadModel
 
 from backends.continuous_decoding.engine.batch import build_batch
-from backends.continuous_decoding.engine.runner import ModelRunner, NumpyRunner, kv_cache_bytes_per_block
+from backends.continuous_decoding.engine.runner import CpuRunner, ModelRunner, kv_cache_bytes_per_block
 from backends.continuous_decoding.engine.weights import WeightsError, load_weights
 from scripts import make_decoder_weights as mdw
 from tests.fixtures.small_gpt2 import make_test_checkpoint
@@ -74,7 +74,7 @@ def prompts(seed: int, lengths) -> list[list[int]]:
 
 
 def test_single_prefill_matches_hf(weights, hf_model):
-    runner = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
+    runner = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
     assert isinstance(runner, ModelRunner)
     (prompt,) = prompts(0, [23])
     table = Blocks().grow([], len(prompt))
@@ -88,7 +88,7 @@ def test_single_prefill_matches_hf(weights, hf_model):
 def test_ragged_batch_then_decode_steps_match_hf(weights, hf_model):
     """Several prompts (one of a single token) prefilled together, then greedy decode steps for all of
     them, with a late prompt prefilled in the same step as the others' decodes."""
-    runner, blocks = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=1)
+    runner, blocks = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=1)
     seqs = [{"tokens": p, "computed": 0, "table": []} for p in prompts(1, [1, 7, 13, 30])]
     late = {"tokens": prompts(2, [9])[0], "computed": 0, "table": []}
     max_diff = 0.0
@@ -111,10 +111,10 @@ def test_ragged_batch_then_decode_steps_match_hf(weights, hf_model):
 
 def test_chunked_prefill_matches_one_chunk(weights, hf_model):
     (prompt,) = prompts(3, [23])
-    whole = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
+    whole = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
     table = Blocks(seed=2).grow([], len(prompt))
     one_chunk = whole.execute(build_batch([(prompt, 0, len(prompt), table)], BLOCK_SIZE))[0]
-    chunked, table = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=3).grow([], len(prompt))
+    chunked, table = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=3).grow([], len(prompt))
     reference = hf_logits(hf_model, prompt)
     for start in range(0, len(prompt), 5):
         num_new = min(5, len(prompt) - start)
@@ -128,7 +128,7 @@ def test_greedy_generation_agrees_with_hf_generate(weights, hf_model):
     """All prompts decoded together in one ragged batch per step, each compared with HF alone."""
     max_new_tokens, eos = 20, hf_model.config.eos_token_id
     batch_prompts = prompts(4, [3, 11, 25, 40])
-    runner, blocks = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=4)
+    runner, blocks = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE), Blocks(seed=4)
     seqs = [{"tokens": list(p), "computed": 0, "table": [], "out": [], "logprobs": []} for p in batch_prompts]
     for _ in range(max_new_tokens):
         live = [s for s in seqs if len(s["out"]) < max_new_tokens and eos not in s["out"]]
@@ -164,7 +164,7 @@ def test_token_agreement_rule():
 
 
 def test_runner_refuses_positions_past_the_table_and_short_block_tables(weights):
-    runner = NumpyRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
+    runner = CpuRunner(weights, NUM_BLOCKS, BLOCK_SIZE)
     assert runner.kv_cache_bytes == NUM_BLOCKS * kv_cache_bytes_per_block(weights.config, BLOCK_SIZE)
     too_long = [0] * (SMALL.n_positions + 1)
     table = list(range(-(-len(too_long) // BLOCK_SIZE)))

@@ -10,7 +10,7 @@ import numpy as np
 from .batch import build_batch
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
-from .runner import ModelRunner, NumpyRunner
+from .runner import CpuRunner, ModelRunner
 from .sampler import log_softmax, make_generator, sample
 from .sampling_params import InvalidRequest, SamplingParams
 from .scheduler import Scheduler
@@ -61,7 +61,7 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks(model.n_layer, model.n_embd)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = runner or NumpyRunner(weights, num_blocks, config.block_size)
+        self.runner = runner or CpuRunner(weights, num_blocks, config.block_size)
         self.stats = EngineStats()
         self._sequences: dict[int, Sequence] = {}  # unfinished, by id
         self._generators: dict[int, np.random.Generator] = {}

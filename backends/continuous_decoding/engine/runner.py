@@ -1,18 +1,17 @@
 """The model runner: one GPT-2 forward pass over a packed ragged batch, reading and writing the paged
-KV cache. The only engine module that does array math; a GPU runner implements the same interface."""
+KV cache, on the CPU: the dense layers through ONNX Runtime (dense_layers.py), attention over the
+paged cache in a compiled kernel (paged_attention.py). A GPU runner implements the same interface."""
 from __future__ import annotations
 
 import math
 from typing import Protocol, runtime_checkable
 
-import numba
 import numpy as np
 
 from .batch import BatchInput, build_batch
+from .dense_layers import DenseLayers
 from .paged_attention import AttentionLayout, paged_attention, write_kv_cache
 from .weights import ModelConfig, ModelWeights
-
-_GELU_C = math.sqrt(2.0 / math.pi)
 
 
 @runtime_checkable
@@ -37,56 +36,7 @@ def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int
     return 2 * config.n_layer * block_size * config.n_embd * itemsize
 
 
-@numba.njit(nogil=True, fastmath=True)  # not cached on disk: see paged_attention.py
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:  # pragma: no cover
-    """Per row of x [rows, n]: (x - mean) / sqrt(var + eps) * weight + bias, float32. One compiled
-    pass per row: numpy's five whole-array passes and their temporaries cost 5-8x more at decode sizes."""
-    rows, n = x.shape
-    out = np.empty_like(x)
-    for r in range(rows):
-        mean = np.float32(0.0)
-        for j in range(n):
-            mean += x[r, j]
-        mean /= n
-        var = np.float32(0.0)
-        for j in range(n):
-            centred = x[r, j] - mean
-            var += centred * centred
-        inv_std = np.float32(1.0) / np.sqrt(var / n + np.float32(eps))
-        for j in range(n):
-            out[r, j] = (x[r, j] - mean) * inv_std * weight[j] + bias[j]
-    return out
-
-
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """One matmul over every packed token of every sequence: [rows, in] @ [in, out] + [out]."""
-    out = x @ weight
-    out += bias
-    return out
-
-
-def lm_head(h: np.ndarray, projection_t: np.ndarray) -> np.ndarray:
-    """[num_seqs, n_embd] @ [n_embd, vocab_size] -> [num_seqs, vocab_size] logits."""
-    return h @ projection_t
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GPT-2's "gelu_new", 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
-    identical x / (1 + exp(-2u)): numpy's float32 exp is vectorised and its tanh is not (2-3x faster
-    here). Writes into x, which the caller no longer needs. exp overflows to inf for x below about
-    -10, where the quotient is the right -0.0."""
-    inner = x * x
-    inner *= -2.0 * 0.044715 * _GELU_C
-    inner -= 2.0 * _GELU_C
-    inner *= x
-    with np.errstate(over="ignore"):
-        np.exp(inner, out=inner)
-    inner += 1.0
-    x /= inner
-    return x
-
-
-class NumpyRunner:
+class CpuRunner:
     """Owned by the engine thread: execute() mutates the KV cache."""
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int):
@@ -102,9 +52,10 @@ class NumpyRunner:
         shape = (c.n_layer, num_blocks, block_size, c.n_head, c.head_dim)
         self.k_cache = np.zeros(shape, dtype=np.float32)
         self.v_cache = np.zeros(shape, dtype=np.float32)
-        # The compiled kernels (layer norm, decode attention) compile on first use, about 2 s: pay it
-        # here, at model load, not in the first request's step. Block 0's first slot gets stale data,
-        # which its first owner overwrites, as after any freed block.
+        self.dense = DenseLayers(weights)
+        # The decode attention kernel compiles on first use, about 2 s: pay it here, at model load,
+        # not in the first request's step. Block 0's first slot gets stale data, which its first
+        # owner overwrites, as after any freed block.
         self.execute(build_batch([([0], 0, 1, [0])], block_size))
 
     @property
@@ -116,34 +67,26 @@ class NumpyRunner:
         if batch.num_seqs == 0:
             return np.zeros((0, c.vocab_size), dtype=np.float32)
         self._check(batch)
+        self._check_block_tables(batch)
         num_tokens, n_embd = batch.num_tokens, c.n_embd
         last_rows = np.cumsum(batch.query_lens) - 1  # [num_seqs]: each sequence's last new token
         x = w.wte[batch.token_ids] + w.wpe[batch.positions]  # [num_tokens, n_embd] residual stream
         scale = np.float32(1.0 / math.sqrt(c.head_dim))
-        self._check_block_tables(batch)
         layout = AttentionLayout.build(batch.query_lens, batch.context_lens, batch.block_tables, self.block_size)
         # The last layer attends with each sequence's last query alone (see below).
         last_layout = AttentionLayout.build((1,) * batch.num_seqs, batch.context_lens, batch.block_tables,
                                             self.block_size)
-        for i, layer in enumerate(w.layers):
-            is_last_layer = i == c.n_layer - 1
-            h = layer_norm(x, layer.ln_1_weight, layer.ln_1_bias, c.layer_norm_epsilon)
-            qkv = linear(h, layer.qkv_weight, layer.qkv_bias)  # [num_tokens, 3 * n_embd]
-            q, k, v = (qkv[:, j * n_embd:(j + 1) * n_embd].reshape(num_tokens, c.n_head, c.head_dim)
-                       for j in range(3))
+        qkv = self.dense.first_qkv(x)  # [num_tokens, 3 * n_embd]
+        for i in range(c.n_layer):
+            q, k, v = (qkv[:, j * n_embd:(j + 1) * n_embd].reshape(-1, c.n_head, c.head_dim) for j in range(3))
             write_kv_cache(self.k_cache[i], self.v_cache[i], k, v, batch.slot_mapping)
-            if is_last_layer:
-                # Only the last token of each sequence reaches the LM head, so from here on the other
-                # rows are dead: attend with the last queries alone (they see the whole context).
-                q, x = q[last_rows], x[last_rows]
-            attn = paged_attention(q * scale, self.k_cache[i], self.v_cache[i],
-                                   last_layout if is_last_layer else layout)  # [rows, n_head, head_dim]
-            x += linear(attn.reshape(-1, n_embd), layer.attn_out_weight, layer.attn_out_bias)
-            h = layer_norm(x, layer.ln_2_weight, layer.ln_2_bias, c.layer_norm_epsilon)
-            x += linear(gelu_tanh(linear(h, layer.fc_weight, layer.fc_bias)), layer.mlp_out_weight,
-                        layer.mlp_out_bias)
-        h = layer_norm(x, w.ln_f_weight, w.ln_f_bias, c.layer_norm_epsilon)  # [num_seqs, n_embd]
-        return lm_head(h, w.lm_head_t)  # [num_seqs, vocab_size]
+            if i < c.n_layer - 1:
+                attn = paged_attention(q * scale, self.k_cache[i], self.v_cache[i], layout)
+                x, qkv = self.dense.next_layer(i, x, attn.reshape(num_tokens, n_embd))
+        # Only the last token of each sequence reaches the LM head, so in the last layer the other rows
+        # are dead: attend with the last queries alone (they see the whole context).
+        attn = paged_attention(q[last_rows] * scale, self.k_cache[-1], self.v_cache[-1], last_layout)
+        return self.dense.logits(x[last_rows], attn.reshape(batch.num_seqs, n_embd))  # [num_seqs, vocab_size]
 
     def _check(self, batch: BatchInput) -> None:
         """The scheduler should never build these; a clear error beats numpy wrapping a negative index

@@ -107,11 +107,7 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
     ln_f_weight: np.ndarray  # [n_embd]
     ln_f_bias: np.ndarray
-    # [n_embd, vocab_size], contiguous: the output projection, a transposed copy of wte when the
-    # embeddings are tied. OpenBLAS packs a transposed view on every call: with 2 to 32 rows that made
-    # the projection 1.4 to 1.6 times slower than on this copy (94 MB more memory at 30,522 x 768;
-    # BENCHMARKS.md, decoding).
-    lm_head_t: np.ndarray
+    lm_head: np.ndarray  # [vocab_size, n_embd] the output projection: wte itself when the embeddings are tied
 
 
 def load_weights(model_dir: Path | str) -> ModelWeights:
@@ -153,9 +149,7 @@ def load_weights(model_dir: Path | str) -> ModelWeights:
     lm_head = wte
     if not hf_config.get("tie_word_embeddings", True):
         lm_head = take("lm_head.weight", (config.vocab_size, e), prefix="")
-    lm_head_t = np.ascontiguousarray(lm_head.T)
-    lm_head_t.setflags(write=False)
     return ModelWeights(
         config=config, wte=wte, wpe=take("wpe.weight", (config.n_positions, e)), layers=layers,
-        ln_f_weight=take("ln_f.weight", (e,)), ln_f_bias=take("ln_f.bias", (e,)), lm_head_t=lm_head_t,
+        ln_f_weight=take("ln_f.weight", (e,)), ln_f_bias=take("ln_f.bias", (e,)), lm_head=lm_head,
     )
