@@ -45,6 +45,7 @@ test-unit: export
 
 bench: export
 	$(PY) scripts/bench_dynamic_batching.py
+	$(PY) scripts/bench_dense_layers.py
 	$(PY) scripts/bench_decoding.py
 	$(PY) scripts/bench_batch_job.py
 	$(PY) scripts/bench_priority.py --repeats 3
