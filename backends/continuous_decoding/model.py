@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from detokenizer import IncrementalDetokenizer
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, TokenOutput
 from engine.engine_loop import EngineLoop, Submission
@@ -68,8 +69,8 @@ class ResponseSink:
         self.stream = stream
         self.tokenizer = tokenizer
         self.num_prompt_tokens = num_prompt_tokens
+        self.detokenizer = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
         self.token_ids: list[int] = []
-        self.text_sent = ""
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
@@ -79,9 +80,11 @@ class ResponseSink:
             self.token_ids.append(out.token_id)
         if self.stream:
             new_ids = [out.token_id] if out.token_id is not None else []
-            tensors = self._tokens(new_ids, self._new_text(final=out.finished))
+            text = self.detokenizer.add(out.token_id, final=out.finished) if self.detokenizer else ""
+            tensors = self._tokens(new_ids, text)
         elif out.finished:
-            tensors = self._tokens(self.token_ids, self._text(self.token_ids))
+            text = self.tokenizer.decode(self.token_ids) if self.tokenizer is not None else ""
+            tensors = self._tokens(self.token_ids, text)
         else:
             return
         if out.finished:
@@ -99,20 +102,6 @@ class ResponseSink:
     def _tokens(self, ids: list[int], text: str) -> list:
         return [pb_utils.Tensor(OUTPUT_IDS, np.array(ids, dtype=np.int32)),
                 pb_utils.Tensor(TEXT_OUTPUT, np.array([text.encode()], dtype=np.object_))]
-
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
-
-    def _new_text(self, final: bool) -> str:
-        """The text the new token adds. The whole output is decoded and the new suffix sent, so that
-        word pieces join right; while the decode ends in a partial UTF-8 character (U+FFFD) or
-        rewrites text already sent (byte-level BPE), the delta is held back until it settles."""
-        text = self._text(self.token_ids)
-        settled = text.startswith(self.text_sent) and not text.endswith("\ufffd")
-        if not (settled or final) or not text.startswith(self.text_sent):
-            return ""
-        delta, self.text_sent = text[len(self.text_sent):], text
-        return delta
 
 
 def _send_error(sender, message: str, code) -> None:

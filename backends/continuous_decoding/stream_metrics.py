@@ -28,15 +28,21 @@ class EngineMetrics:
         self.kv_total.set(num_kv_blocks)
         self._seen_preemptions = 0
         self._seen_generated = 0
+        self._last: dict[int, int] = {}  # id(gauge) -> the value last set
 
     def update(self, engine) -> None:
+        """Each set or increment is a message to the Triton process: only what changed is sent."""
         stats = engine.stats
-        self.running.set(engine.num_running)
-        self.waiting.set(engine.num_waiting)
-        self.kv_used.set(engine.block_manager.num_used_blocks)
-        self.step_seqs.set(stats.last_step_num_seqs)
-        self.step_tokens.set(stats.last_step_num_tokens)
-        self.preemptions.increment(stats.num_preemptions - self._seen_preemptions)
-        self.generated.increment(stats.num_generated_tokens - self._seen_generated)
-        self._seen_preemptions = stats.num_preemptions
-        self._seen_generated = stats.num_generated_tokens
+        gauges = ((self.running, engine.num_running), (self.waiting, engine.num_waiting),
+                  (self.kv_used, engine.block_manager.num_used_blocks),
+                  (self.step_seqs, stats.last_step_num_seqs), (self.step_tokens, stats.last_step_num_tokens))
+        for gauge, value in gauges:
+            if self._last.get(id(gauge)) != value:
+                gauge.set(value)
+                self._last[id(gauge)] = value
+        if stats.num_preemptions != self._seen_preemptions:
+            self.preemptions.increment(stats.num_preemptions - self._seen_preemptions)
+            self._seen_preemptions = stats.num_preemptions
+        if stats.num_generated_tokens != self._seen_generated:
+            self.generated.increment(stats.num_generated_tokens - self._seen_generated)
+            self._seen_generated = stats.num_generated_tokens

@@ -7,6 +7,7 @@ import pytest
 
 from clients.model_spec import load_spec
 from scripts.make_decoder_weights import RandomShape, make_random_checkpoint
+from tests.fixtures.tokenizers_offline import byte_level_bpe
 from tests.unit.conftest import REPO, load_model_module
 
 BACKEND_DIR = REPO / "backends" / "continuous_decoding"
@@ -183,28 +184,21 @@ def test_requires_decoupled(edge, weights_dir):
                                              "model_repository": str(weights_dir.parent), "model_version": "1"})
 
 
-class ByteLevelLikeTokenizer:
-    """Decodes like byte-level BPE: a character split across tokens shows as U+FFFD until complete."""
-
-    texts = {1: "hi", 2: "hi \ufffd", 3: "hi \U0001F600", 4: "hi \U0001F600 ok"}
-
-    def decode(self, ids):
-        return self.texts[len(ids)]
-
-
 def test_streamed_text_waits_for_whole_characters(edge, pb_utils):
     from engine.engine import TokenOutput
     from engine.sequence import FinishReason
 
+    tokenizer = byte_level_bpe()
+    ids = tokenizer.encode("hi 😀 ok").ids
     sender = pb_utils.ResponseSender()
-    sink = edge.ResponseSink(sender, stream=True, tokenizer=ByteLevelLikeTokenizer(), num_prompt_tokens=1)
-    for n in range(1, 5):
-        reason = FinishReason.LENGTH if n == 4 else None
-        sink.on_token(TokenOutput(0, 100 + n, None, reason, 1, n))
+    sink = edge.ResponseSink(sender, stream=True, tokenizer=tokenizer, num_prompt_tokens=1)
+    for n, token in enumerate(ids, start=1):
+        reason = FinishReason.LENGTH if n == len(ids) else None
+        sink.on_token(TokenOutput(0, token, None, reason, 1, n))
     deltas = [tensor(r, "text_output")[0].decode() for r, _ in sender.responses]
-    assert "".join(deltas) == "hi \U0001F600 ok"
+    assert "".join(deltas) == "hi 😀 ok"
     assert "\ufffd" not in "".join(deltas)
-    assert len(sender.responses) == 4, "one response per token, even when its text is held back"
+    assert len(sender.responses) == len(ids), "one response per token, even when its text is held back"
 
 
 def test_triton_priority_zero_means_the_default_level(edge, pb_utils):

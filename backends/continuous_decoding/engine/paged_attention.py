@@ -7,13 +7,14 @@ Prefill chunks gather their blocks and attend with BLAS matmuls, which beat a lo
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
 import numba
 import numpy as np
+
+from .cpu import available_cores
 
 # Below this many cached tokens across a step's decode rows, one thread is faster than handing work
 # to the others (measured: 4 rows of 100 tokens take 0.14 ms alone, 0.7 ms split in two).
@@ -39,7 +40,7 @@ def write_kv_cache(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: n
 
 
 @numba.njit(nogil=True, fastmath=_FASTMATH)
-def _decode_rows(q, rows, k_cache, v_cache, block_tables, context_lens, out, first, last):  # pragma: no cover
+def _decode_rows(q, rows, k_cache, v_cache, block_tables, context_lens, out, first, last):
     """Decode rows first..last-1: row i is q[rows[i]], [n_head, head_dim], a sequence's only new token,
     attending to its context_lens[i] cached tokens in the blocks block_tables[i]. Reads each cached
     token's keys and values once, in place, as one contiguous [n_head * head_dim] row."""
@@ -78,7 +79,7 @@ def _decode_rows(q, rows, k_cache, v_cache, block_tables, context_lens, out, fir
 @cache
 def _workers() -> tuple[int, ThreadPoolExecutor | None]:
     """The cores this process may use, and a pool for all but the calling thread's share."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     return cores, ThreadPoolExecutor(cores - 1, thread_name_prefix="attention") if cores > 1 else None
 
 
