@@ -27,8 +27,8 @@ class IncrementalDetokenizer:
         window = self.token_ids[self._prefix:]
         sent = self.tokenizer.decode(window[: self._read - self._prefix])
         text = self.tokenizer.decode(window)
-        settled = text.startswith(sent) and len(text) > len(sent) and not text.endswith(_PARTIAL)
-        if not settled and not (final and text.startswith(sent)):
+        settled = len(text) > len(sent) and not text.endswith(_PARTIAL)
+        if not (settled or final):
             return ""
         self._prefix, self._read = self._read, len(self.token_ids)
         return text[len(sent):]

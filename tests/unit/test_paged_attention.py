@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backends.continuous_decoding.engine.cpu import cpu_quota
 from backends.continuous_decoding.engine.paged_attention import (
     AttentionLayout,
     balanced_splits,
@@ -36,7 +37,7 @@ def dense_reference(q, k, v):
     return np.einsum("hqk,khd->qhd", probs, v)
 
 
-def run_packed(seqs, rng, splits_cores=None):
+def run_packed(seqs, rng, splits_cores=None, cut_points=None):
     """seqs: (query_len, context_len) per sequence. Writes every sequence's keys and values into
     shuffled blocks, attends once through the paged path, and returns (paged, reference) outputs."""
     tables, next_block = [], 0
@@ -59,10 +60,15 @@ def run_packed(seqs, rng, splits_cores=None):
         qs.append(q)
         expected.append(dense_reference(q, k, v))
     layout = AttentionLayout.build([s[0] for s in seqs], [s[1] for s in seqs], tables, BLOCK_SIZE)
+    num_decodes = len(layout.decode_rows)
     if splits_cores is not None:
         splits = balanced_splits(layout.decode_context_lens, splits_cores)
-        layout = AttentionLayout(layout.decode_rows, layout.decode_tables, layout.decode_context_lens, splits,
-                                 layout.prefills)
+    elif cut_points is not None:  # any ranges at all, as the threads would take them
+        splits = (0, *sorted({min(c, num_decodes) for c in cut_points}), num_decodes)
+    else:
+        splits = layout.decode_splits
+    layout = AttentionLayout(layout.decode_rows, layout.decode_tables, layout.decode_context_lens, splits,
+                             layout.prefills)
     q = np.ascontiguousarray(np.concatenate(qs))
     return paged_attention(q, k_cache, v_cache, layout), np.concatenate(expected)
 
@@ -79,10 +85,10 @@ def test_mixed_decodes_and_prefill_chunks_match_dense_attention(cores):
 
 @settings(max_examples=30, deadline=None)
 @given(seqs=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 80)), min_size=1, max_size=12),
-       cores=st.integers(1, 4), seed=st.integers(0, 2**31))
-def test_any_ragged_batch_matches_dense_attention(seqs, cores, seed):
+       cut_points=st.lists(st.integers(0, 12), max_size=3), seed=st.integers(0, 2**31))
+def test_any_ragged_batch_split_anywhere_matches_dense_attention(seqs, cut_points, seed):
     seqs = [(query_len, query_len + earlier) for query_len, earlier in seqs]  # context >= new tokens
-    paged, expected = run_packed(seqs, np.random.default_rng(seed), splits_cores=cores)
+    paged, expected = run_packed(seqs, np.random.default_rng(seed), cut_points=cut_points)
     np.testing.assert_allclose(paged, expected, rtol=0, atol=ATOL)
 
 
@@ -94,3 +100,18 @@ def test_splits_balance_cached_tokens_and_cover_every_row():
     assert len(halves) == 2 and max(halves) <= sum(halves) / 2 + lens.max() / 2  # off by half a row at most
     assert balanced_splits(np.array([100] * 4, dtype=np.int32), 2) == (0, 4)  # too little work to split
     assert balanced_splits(lens, 1) == (0, len(lens))
+
+
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
+    v2 = tmp_path / "cpu.max"
+    v2.write_text("150000 100000\n")
+    assert cpu_quota(v2, tmp_path) == 1.5
+    v2.write_text("max 100000\n")
+    assert cpu_quota(v2, tmp_path) is None
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(tmp_path / "absent", v1) == 2.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(tmp_path / "absent", v1) is None

@@ -173,6 +173,9 @@ def test_runner_refuses_positions_past_the_table_and_short_block_tables(weights)
     with pytest.raises(ValueError, match="block table"):
         batch = build_batch([([1] * 9, 0, 9, [0, 1, 2])], BLOCK_SIZE)
         runner.execute(dataclasses.replace(batch, block_tables=((0, 1),)))
+    with pytest.raises(ValueError, match="context_lens"):  # fewer cached tokens than new ones
+        batch = build_batch([([1] * 9, 0, 9, [0, 1, 2])], BLOCK_SIZE)
+        runner.execute(dataclasses.replace(batch, context_lens=(5,)))
 
 
 def test_script_default_output_loads_in_transformers_with_a_matching_tokenizer(tmp_path, capsys):

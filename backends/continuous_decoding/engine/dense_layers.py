@@ -5,7 +5,8 @@ the packed [num_tokens, n_embd] rows of a step.
 Why ONNX Runtime: its CPU matmul (MLAS) packs each weight matrix once, when the session is made,
 where numpy's BLAS packs it again on every call. Measured on the distilgpt2 shape, the matmuls of a
 layer plus the LM head, 2 cores (scripts/bench_dense_layers.py): 1.2-1.7x numpy's speed at 8 to 512
-rows; at one row the per-call cost shows (0.6x), yet a one-sequence decode step is still faster.
+rows; at one row the per-call cost shows (0.6x), yet a one-sequence decode step is still faster than
+with numpy (BENCHMARKS.md, decoding).
 
 A step runs n_layer + 1 sessions, split where attention sits:
   first:  x -> LN1 -> QKV of layer 0

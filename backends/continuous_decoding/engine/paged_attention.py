@@ -19,13 +19,13 @@ from .cpu import available_cores
 # Below this many cached tokens across a step's decode rows, one thread is faster than handing work
 # to the others (measured: 4 rows of 100 tokens take 0.14 ms alone, 0.7 ms split in two).
 _SPLIT_MIN_TOKENS = 2048
-# Reassociation lets LLVM vectorise the head_dim dot products; no "nnan"/"ninf": the softmax must
-# stay exact about infinities if a score overflows.
+# Reassociation lets LLVM vectorise the head_dim dot products. No "nnan"/"ninf": with them LLVM may
+# assume no NaN or infinity ever occurs and drop the comparisons that would show one.
 _FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
-# Compiled kernels are not cached on disk: numba's cache is keyed by source file, but what it stores
+# The compiled kernel is not cached on disk: numba's cache is keyed by source file, but what it stores
 # names the importing module, and this package is imported as `engine` by the backend and the scripts
 # and as `backends.continuous_decoding.engine` by the tests; a cache written under one name fails to
-# load under the other. The runner compiles them once at model load instead (about 2 s).
+# load under the other. The runner compiles it once at model load instead (about 2 s).
 
 
 def write_kv_cache(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -161,9 +161,12 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if len(layout.decode_rows):
         args = (q, layout.decode_rows, k_cache, v_cache, layout.decode_tables, layout.decode_context_lens, out)
         _, pool = _workers()
-        # Every range but the first to the pool; the first on this thread, while they run.
-        others = [pool.submit(_decode_rows, *args, first, last) for first, last in zip(splits[1:-1], splits[2:])]
-        _decode_rows(*args, splits[0], splits[1])
+        ranges = list(zip(splits[:-1], splits[1:]))
+        # Every range but the first to the pool; the first on this thread, while they run. Without a
+        # pool (one core), all of them on this thread.
+        others = [pool.submit(_decode_rows, *args, *r) for r in ranges[1:]] if pool else []
+        for first, last in ranges if pool is None else ranges[:1]:
+            _decode_rows(*args, first, last)
         for done in others:
             done.result()
     for start, query_len, context_len, blocks in layout.prefills:

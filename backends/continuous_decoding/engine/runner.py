@@ -44,7 +44,9 @@ class CpuRunner:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
-        self.weights = weights
+        # The embeddings stay here; every other weight lives (packed) in the dense layers' sessions,
+        # so the caller's ModelWeights can be freed.
+        self.wte, self.wpe = weights.wte, weights.wpe
         self.config = weights.config
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -63,14 +65,14 @@ class CpuRunner:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
     def execute(self, batch: BatchInput) -> np.ndarray:
-        c, w = self.config, self.weights
+        c = self.config
         if batch.num_seqs == 0:
             return np.zeros((0, c.vocab_size), dtype=np.float32)
         self._check(batch)
         self._check_block_tables(batch)
         num_tokens, n_embd = batch.num_tokens, c.n_embd
         last_rows = np.cumsum(batch.query_lens) - 1  # [num_seqs]: each sequence's last new token
-        x = w.wte[batch.token_ids] + w.wpe[batch.positions]  # [num_tokens, n_embd] residual stream
+        x = self.wte[batch.token_ids] + self.wpe[batch.positions]  # [num_tokens, n_embd] residual stream
         scale = np.float32(1.0 / math.sqrt(c.head_dim))
         layout = AttentionLayout.build(batch.query_lens, batch.context_lens, batch.block_tables, self.block_size)
         # The last layer attends with each sequence's last query alone (see below).
@@ -94,6 +96,9 @@ class CpuRunner:
         c = self.config
         if sum(batch.query_lens) != batch.num_tokens or min(batch.query_lens) < 1:
             raise ValueError(f"query_lens {batch.query_lens} do not split {batch.num_tokens} tokens")
+        if any(context < new for new, context in zip(batch.query_lens, batch.context_lens)):
+            raise ValueError(f"context_lens {batch.context_lens} must include each sequence's new tokens "
+                             f"{batch.query_lens}")
         bounds = (("positions", batch.positions, "n_positions", c.n_positions),
                   ("token_ids", batch.token_ids, "vocab_size", c.vocab_size),
                   ("slot_mapping", batch.slot_mapping, "num_slots", self.num_blocks * self.block_size))
