@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import queue
 import re
 import subprocess
@@ -35,6 +34,7 @@ import numpy as np
 
 from clients.model_spec import MODEL_REPOSITORY, load_spec
 from clients.timing import RequestTiming, summarize
+from scripts.bench_record import machine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench_results" / "decoding.json"
@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "decoding", "weights": str(WEIGHTS), "settings": {k: str(v) for k, v in vars(args).items()},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "workloads": [w.describe() for w in workloads], "results": [asdict(r) for r in results], "ratios": summary,
     }, indent=2))
     print(f"wrote {args.out}")

@@ -17,28 +17,22 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "backends" / "continuous_decoding"))  # the engine, as the backend loads it
 
 from engine.cpu import available_cores  # noqa: E402
+from engine.dense_layers import DenseGraph  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
 from scripts.bench_record import write_record  # noqa: E402
 
 
-def matmul_session(weight: np.ndarray, threads: int) -> ort.InferenceSession:
-    rows_in = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", weight.shape[0]])
-    rows_out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", weight.shape[1]])
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul", [rows_in], [rows_out],
-                              [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+def matmul_session(weight: np.ndarray, threads: int):
+    """One MatMul session, built and configured as engine/dense_layers.py builds its sessions."""
+    graph = DenseGraph(epsilon=0.0)  # no layer norm in this graph
+    product = graph.linear("x", weight, None, "w")
+    return graph.session({"x": weight.shape[0]}, {product: weight.shape[1]}, threads)
 
 
 def timed(call, number: int, repeats: int) -> float:

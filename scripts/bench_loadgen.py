@@ -11,8 +11,6 @@ import locust  # noqa: F401  isort: skip
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -27,6 +25,7 @@ from locust.env import Environment
 
 from clients.model_spec import load_spec
 from load_tests.users import EmbedHttpUser, configured
+from scripts.bench_record import machine
 from scripts.serve import EmbeddedServer, options_on_free_ports
 from scripts.variants import load_config, write_repository
 
@@ -106,8 +105,7 @@ def main(argv=None) -> int:
         "benchmark": "loadgen", "model": MODEL, "protocol": "http", "users": args.users,
         "warmup_s": args.warmup, "duration_s": args.duration, "repeats": args.repeats,
         "median": median, "runs": runs, "command": " ".join(["python", *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "locust": locust.__version__},
+        "machine": {**machine(), "locust": locust.__version__},
     }, indent=2))
     print(f"wrote {args.out}")
     return 0

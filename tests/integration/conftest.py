@@ -1,6 +1,7 @@
 """One real embedded Triton per test session, on free ports, over a temporary copy of the model
 repository (plus a probe model that imports ssl). Always stopped in teardown."""
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,19 @@ from scripts.serve import EmbeddedServer, options_on_free_ports
 
 ONNX_MODEL = MODEL_REPOSITORY / "minilm" / "1" / "model.onnx"
 SSL_PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "ssl_probe"
+
+
+def settled_delta(admin, model: str, before, inferences: int, timeout_s: float = 5.0):
+    """The statistics since `before` (a ModelStatistics), read again until the batch counts account
+    for `inferences`: Triton records a batch's statistics after it has sent the responses, so a read
+    made as soon as the last response arrives can miss the last batch."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        delta = admin.statistics(model) - before
+        counted = sum(size * n for size, n in delta.batch_executions.items())
+        if (delta.inference_count, counted) == (inferences, inferences) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.05)
 
 
 def copy_repository(dest: Path, models: tuple[str, ...] | None = None) -> Path:

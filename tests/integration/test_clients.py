@@ -24,7 +24,7 @@ from clients.generation import GenerationClient
 from clients.health import Admin
 from clients.payloads import Sampling
 from scripts.serve import EmbeddedServer, options_on_free_ports
-from tests.integration.conftest import copy_repository
+from tests.integration.conftest import copy_repository, settled_delta
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"document {i} is about {'batching ' * (i % 7)}inference" for i in range(24)]
@@ -152,19 +152,6 @@ def test_health_models_and_statistics(server):
     with pytest.raises(NotFoundError):
         admin.statistics("no_such_model")
     admin.close()
-
-
-def settled_delta(admin, model, before, inferences, timeout_s=5.0):
-    """The statistics since `before`, read again until the batch counts account for every inference:
-    Triton records a batch's statistics after it has sent the responses, so a read made as soon as
-    the last response arrives can miss the last batch."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        delta = admin.statistics(model) - before
-        counted = sum(size * n for size, n in delta.batch_executions.items())
-        if (delta.inference_count, counted) == (inferences, inferences) or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.05)
 
 
 def test_every_cli_command(server, tmp_path):

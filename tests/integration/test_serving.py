@@ -1,9 +1,7 @@
 """A real embedded Triton: HTTP and gRPC inference, numerics against in-process ONNX Runtime and
 PyTorch, batching that Triton's dynamic batcher actually does, and the ssl trap."""
-import json
 import platform
 import ssl
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,8 +11,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from clients.connection import Endpoint
+from clients.health import Admin
 from clients.model_spec import load_spec
-from tests.integration.conftest import ONNX_MODEL
+from tests.integration.conftest import ONNX_MODEL, settled_delta
 
 MINILM = load_spec("minilm")
 EMBED = load_spec("embed")
@@ -141,43 +141,20 @@ def test_concurrent_requests_are_batched(server, grpc, reference):
     still gets its own row. (gRPC: its client is thread-safe; the HTTP one is gevent-based.)"""
     arrays, onnx_out, _ = reference
     one = {k: v[1:2, : int(arrays["attention_mask"][1].sum())] for k, v in arrays.items()}
-    before = _stats(server)
+    admin = Admin(Endpoint(server.opts.http_url, "http", 60))
+    before = admin.statistics("minilm")
     num_requests = 128
     with ThreadPoolExecutor(32) as pool:
         results = list(pool.map(lambda _: infer_minilm(grpcclient, grpc, one), range(num_requests)))
     for r in results:
         np.testing.assert_allclose(r[0], onnx_out[1], rtol=0, atol=1e-5)
-    after = _settled_stats(server, before, num_requests)
-    inferences = after["inference_count"] - before["inference_count"]
-    executions = after["execution_count"] - before["execution_count"]
-    assert inferences == num_requests
-    assert executions < num_requests, f"{executions} executions for {inferences} requests: nothing was batched"
-    grown = {size: n - before["batches"].get(size, 0) for size, n in after["batches"].items()}
+    delta = settled_delta(admin, "minilm", before, num_requests)
+    admin.close()
+    assert delta.inference_count == num_requests
+    assert delta.execution_count < num_requests, \
+        f"{delta.execution_count} executions for {num_requests} requests: nothing was batched"
+    grown = delta.batch_executions
     assert any(n > 0 for size, n in grown.items() if size > 1), f"batches executed during the burst: {grown}"
-
-
-def _settled_stats(server, before, num_requests, timeout_s=5.0):
-    """Statistics read again until they count every request: Triton records a batch's statistics
-    after sending its responses, so the last batch can be missing from a read made at once."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        after = _stats(server)
-        counted = sum(size * (n - before["batches"].get(size, 0)) for size, n in after["batches"].items())
-        settled = after["inference_count"] - before["inference_count"] >= num_requests and counted >= num_requests
-        if settled or time.monotonic() > deadline:
-            return after
-        time.sleep(0.05)
-
-
-def _stats(server):
-    with urllib.request.urlopen(f"http://{server.opts.http_url}/v2/models/minilm/stats", timeout=5) as r:
-        stats = json.load(r)["model_stats"][0]
-    return {
-        "inference_count": int(stats.get("inference_count", 0)),
-        "execution_count": int(stats.get("execution_count", 0)),
-        # executions per batch size, cumulative since the server started
-        "batches": {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])},
-    }
 
 
 def test_summary_latency_metrics_are_on(server, http):

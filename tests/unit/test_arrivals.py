@@ -114,14 +114,19 @@ class FakeUser:
             self.release.wait()
 
 
-def test_the_dispatcher_hands_arrivals_to_idle_users_on_schedule():
-    dispatcher = Dispatcher(ArrivalProcess(200.0, seed=1), "U", late_threshold_ms=1000.0)
-    users = [FakeUser() for _ in range(8)]
+def run_dispatcher(process, seconds, num_users=8):
+    """A dispatcher serving num_users idle fake users for `seconds`: (its final stats, the users)."""
+    dispatcher = Dispatcher(process, "U", late_threshold_ms=1000.0)
+    users = [FakeUser() for _ in range(num_users)]
     greenlets = [gevent.spawn(dispatcher.serve, u) for u in users]
-    gevent.sleep(0.5)
+    gevent.sleep(seconds)
     dispatcher.stop()
     gevent.killall(greenlets)
-    stats = dispatcher.snapshot()
+    return dispatcher.snapshot(), users
+
+
+def test_the_dispatcher_hands_arrivals_to_idle_users_on_schedule():
+    stats, users = run_dispatcher(ArrivalProcess(200.0, seed=1), seconds=0.5)
     scheduled = sorted(t for u in users for t in u.scheduled)
     assert stats.sent == len(scheduled) > 0 and stats.cap_hits == 0 and stats.num_users == 8
     assert np.all(np.diff(scheduled) >= 0)
@@ -150,13 +155,7 @@ def test_busy_users_make_arrivals_wait_at_the_cap_and_the_wait_is_counted():
 
 @pytest.mark.parametrize("window_s", [0, 0.1])
 def test_the_snapshot_gives_the_drawn_schedules_rate_beside_the_sent_one(window_s):
-    dispatcher = Dispatcher(ArrivalProcess(200.0, seed=2, window_s=window_s), "U", late_threshold_ms=1000.0)
-    users = [FakeUser() for _ in range(8)]
-    greenlets = [gevent.spawn(dispatcher.serve, u) for u in users]
-    gevent.sleep(0.55)
-    dispatcher.stop()
-    gevent.killall(greenlets)
-    stats = dispatcher.snapshot()
+    stats, _ = run_dispatcher(ArrivalProcess(200.0, seed=2, window_s=window_s), seconds=0.55)
     if window_s:  # over the whole pinned windows, the schedule offers exactly the rate
         # whole windows only (at least 5 in 0.55 s; a slow machine may oversleep into a sixth)
         assert stats.measured_s == pytest.approx(window_s * int(stats.elapsed_s // window_s))

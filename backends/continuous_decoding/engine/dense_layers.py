@@ -27,7 +27,7 @@ _OPSET = 20  # Gelu with approximate="tanh": GPT-2's "gelu_new", exactly
 _IR_VERSION = 10  # what the pinned onnxruntime reads; the onnx package would write its newest
 
 
-class _Graph:
+class DenseGraph:
     """Nodes and initializers of one session's graph, named uniquely by a prefix per call."""
 
     def __init__(self, epsilon: float):
@@ -79,7 +79,7 @@ class _Graph:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # Idle pool threads sleep instead of spinning: n_layer + 1 spinning pools and the attention
-        # threads fight over the cores between runs (measured: a decode step 2.6x slower).
+        # threads would fight over the cores between runs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
@@ -93,16 +93,16 @@ class DenseLayers:
         n_embd, width = c.n_embd, 3 * c.n_embd
         layers = weights.layers
 
-        first = _Graph(c.layer_norm_epsilon)
+        first = DenseGraph(c.layer_norm_epsilon)
         sessions = [first.session({"x": n_embd}, {first.qkv("x", layers[0], 0): width}, threads)]
         self._middle_outputs = []
         for i in range(c.n_layer - 1):
-            g = _Graph(c.layer_norm_epsilon)
+            g = DenseGraph(c.layer_norm_epsilon)
             x = g.block_rest("x", "attention", layers[i], i)
             qkv = g.qkv(x, layers[i + 1], i + 1)
             sessions.append(g.session({"x": n_embd, "attention": n_embd}, {x: n_embd, qkv: width}, threads))
             self._middle_outputs.append([x, qkv])
-        last = _Graph(c.layer_norm_epsilon)
+        last = DenseGraph(c.layer_norm_epsilon)
         x = last.block_rest("x", "attention", layers[-1], c.n_layer - 1)
         h = last.layer_norm(x, weights.ln_f_weight, weights.ln_f_bias, "ln_f")
         logits = last.linear(h, weights.lm_head.T, None, "lm_head")
