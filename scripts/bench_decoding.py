@@ -187,7 +187,9 @@ def kv_metrics(metrics_url: str, model: str) -> tuple[float, float]:
     return value("batchwise_kv_blocks_used"), value("batchwise_preemptions_total")
 
 
-def run_served(model: str, workload: Workload, server) -> SystemResult:
+def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] = ("output_ids",)) -> SystemResult:
+    """Streams the workload through one gRPC stream. The client asks for token ids only, as the
+    in-process engine and the vLLM peer (no tokenizer) produce; `outputs=()` asks for every output."""
     import tritonclient.grpc as grpcclient
 
     spec = load_spec(model)
@@ -231,6 +233,7 @@ def run_served(model: str, workload: Workload, server) -> SystemResult:
             client.async_stream_infer(model, [tensor("input_ids", workload.prompts[i]),
                                               tensor("max_tokens", [workload.max_tokens[i]]),
                                               tensor("ignore_eos", [True]), tensor("stream", [True])],
+                                      outputs=[grpcclient.InferRequestedOutput(name) for name in outputs] or None,
                                       request_id=str(i))
 
         start = send_on_schedule(workload, send)

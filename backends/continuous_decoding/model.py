@@ -15,8 +15,8 @@ from engine.engine import LLMEngine, TokenOutput
 from engine.engine_loop import EngineLoop, Submission
 from engine.sampling_params import InvalidRequest
 from engine.weights import load_weights
-from request_inputs import (FINISH_REASON, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, OUTPUT_IDS, TEXT_OUTPUT,
-                            parse_request)
+from request_inputs import (FINISH_REASON, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, OUTPUT_IDS, OUTPUT_NAMES,
+                            TEXT_OUTPUT, parse_request)
 from stream_metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -53,7 +53,7 @@ class TritonPythonModel:
             except Exception as e:  # a bug, not the client's fault: this request alone fails
                 _send_error(sender, f"could not parse the request: {e}", pb_utils.TritonError.INTERNAL)
                 continue
-            sink = ResponseSink(sender, parsed.stream, self.tokenizer, len(parsed.prompt_token_ids))
+            sink = ResponseSink(sender, parsed.stream, self.tokenizer, _requested_outputs(request))
             self.loop.submit(Submission(parsed.prompt_token_ids, parsed.sampling, sink, _priority(request)))
         return None
 
@@ -62,14 +62,15 @@ class TritonPythonModel:
 
 
 class ResponseSink:
-    """One request's response sender; used by the engine thread only."""
+    """One request's response sender; used by the engine thread only. Builds only the outputs the
+    client asked for: a client of token ids costs no detokenizing."""
 
-    def __init__(self, sender, stream: bool, tokenizer, num_prompt_tokens: int):
+    def __init__(self, sender, stream: bool, tokenizer, outputs: frozenset[str]):
         self.sender = sender
         self.stream = stream
-        self.tokenizer = tokenizer
-        self.num_prompt_tokens = num_prompt_tokens
-        self.detokenizer = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.outputs = outputs
+        self.tokenizer = tokenizer if TEXT_OUTPUT in outputs else None
+        self.detokenizer = IncrementalDetokenizer(tokenizer) if self.tokenizer is not None else None
         self.token_ids: list[int] = []
 
     def is_cancelled(self) -> bool:
@@ -81,27 +82,32 @@ class ResponseSink:
         if self.stream:
             new_ids = [out.token_id] if out.token_id is not None else []
             text = self.detokenizer.add(out.token_id, final=out.finished) if self.detokenizer else ""
-            tensors = self._tokens(new_ids, text)
+            arrays = self._tokens(new_ids, text)
         elif out.finished:
             text = self.tokenizer.decode(self.token_ids) if self.tokenizer is not None else ""
-            tensors = self._tokens(self.token_ids, text)
+            arrays = self._tokens(self.token_ids, text)
         else:
             return
         if out.finished:
-            tensors += [
-                pb_utils.Tensor(FINISH_REASON, np.array([out.finish_reason.value.encode()], dtype=np.object_)),
-                pb_utils.Tensor(NUM_INPUT_TOKENS, np.array([out.num_prompt_tokens], dtype=np.int32)),
-                pb_utils.Tensor(NUM_OUTPUT_TOKENS, np.array([out.num_output_tokens], dtype=np.int32)),
-            ]
+            arrays[FINISH_REASON] = np.array([out.finish_reason.value.encode()], dtype=np.object_)
+            arrays[NUM_INPUT_TOKENS] = np.array([out.num_prompt_tokens], dtype=np.int32)
+            arrays[NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.int32)
+        tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items() if name in self.outputs]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if out.finished else 0)
 
     def on_error(self, message: str, invalid_argument: bool) -> None:
         code = pb_utils.TritonError.INVALID_ARG if invalid_argument else pb_utils.TritonError.INTERNAL
         _send_error(self.sender, message, code)
 
-    def _tokens(self, ids: list[int], text: str) -> list:
-        return [pb_utils.Tensor(OUTPUT_IDS, np.array(ids, dtype=np.int32)),
-                pb_utils.Tensor(TEXT_OUTPUT, np.array([text.encode()], dtype=np.object_))]
+    @staticmethod
+    def _tokens(ids: list[int], text: str) -> dict[str, np.ndarray]:
+        return {OUTPUT_IDS: np.array(ids, dtype=np.int32), TEXT_OUTPUT: np.array([text.encode()], dtype=np.object_)}
+
+
+def _requested_outputs(request) -> frozenset[str]:
+    # Triton fills in every output when a client names none; an empty list is taken the same way.
+    names = frozenset(request.requested_output_names())
+    return names or frozenset(OUTPUT_NAMES)
 
 
 def _send_error(sender, message: str, code) -> None:

@@ -191,7 +191,7 @@ def test_streamed_text_waits_for_whole_characters(edge, pb_utils):
     tokenizer = byte_level_bpe()
     ids = tokenizer.encode("hi 😀 ok").ids
     sender = pb_utils.ResponseSender()
-    sink = edge.ResponseSink(sender, stream=True, tokenizer=tokenizer, num_prompt_tokens=1)
+    sink = edge.ResponseSink(sender, stream=True, tokenizer=tokenizer, outputs=frozenset(SPEC.output_names))
     for n, token in enumerate(ids, start=1):
         reason = FinishReason.LENGTH if n == len(ids) else None
         sink.on_token(TokenOutput(0, token, None, reason, 1, n))
@@ -199,6 +199,21 @@ def test_streamed_text_waits_for_whole_characters(edge, pb_utils):
     assert "".join(deltas) == "hi 😀 ok"
     assert "\ufffd" not in "".join(deltas)
     assert len(sender.responses) == len(ids), "one response per token, even when its text is held back"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_only_the_requested_outputs_are_built(start, pb_utils, stream):
+    model = start()
+    ids_only = make_request(pb_utils, input_ids=[5, 6, 7], max_tokens=[3], ignore_eos=[True], stream=[stream])
+    ids_only._requested_output_names = ["output_ids", "finish_reason"]
+    everything = make_request(pb_utils, input_ids=[5, 6, 7], max_tokens=[3], ignore_eos=[True], stream=[stream])
+    model.execute([ids_only, everything])
+    names = [{t.name() for t in r.output_tensors()} for r, _ in finished(ids_only)]
+    assert names[:-1] == [{"output_ids"}] * (len(names) - 1)
+    assert names[-1] == {"output_ids", "finish_reason"}
+    assert {t.name() for t in finished(everything)[-1][0].output_tensors()} == set(SPEC.output_names)
+    tokens = np.concatenate([tensor(r, "output_ids") for r, _ in finished(ids_only)])
+    assert len(tokens) == 3
 
 
 def test_triton_priority_zero_means_the_default_level(edge, pb_utils):
