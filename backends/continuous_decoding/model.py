@@ -20,6 +20,10 @@ from request_inputs import (FINISH_REASON, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, 
 from stream_metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Each response is a round trip to the Triton process that the stub waits for without the GIL, and
+# Triton takes them on its own thread pool: a step's responses go out from this many threads at once
+# (served gpt2 1.03 x the tokens/s of one thread, medians of 3 alternating runs on one server).
+SINK_THREADS = 8
 
 
 class TritonPythonModel:
@@ -35,7 +39,7 @@ class TritonPythonModel:
         self.tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
         engine = LLMEngine(self.engine_config, weights)
         self.metrics = EngineMetrics(pb_utils, config["name"], engine.block_manager.num_blocks)
-        self.loop = EngineLoop(engine, on_step=self.metrics.update).start()
+        self.loop = EngineLoop(engine, on_step=self.metrics.update, sink_threads=SINK_THREADS).start()
         pb_utils.Logger.log_info(
             f"{config['name']}: {self.engine_config.scheduling} batching, {engine.block_manager.num_blocks} KV "
             f"blocks of {self.engine_config.block_size} tokens, max_num_seqs {self.engine_config.max_num_seqs}"
