@@ -9,6 +9,7 @@ import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Callable, Protocol, TypeVar
 
 from .engine import LLMEngine, TokenOutput
@@ -188,7 +189,7 @@ class EngineLoop:
         if n <= 1:
             return run(items)
         bounds = [len(items) * k // n for k in range(n + 1)]
-        helpers = [self._pool.submit(run, items[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
+        helpers = [self._pool.submit(run, items[a:b]) for a, b in pairwise(bounds[1:])]
         failures = run(items[:bounds[1]])
         for helper in helpers:
             failures += helper.result()
