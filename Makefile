@@ -47,6 +47,7 @@ bench: export
 	$(PY) scripts/bench_dynamic_batching.py
 	$(PY) scripts/bench_dense_layers.py
 	$(PY) scripts/bench_decoding.py
+	$(PY) scripts/bench_response_path.py
 	$(PY) scripts/bench_batch_job.py
 	$(PY) scripts/bench_priority.py --repeats 3
 	$(PY) scripts/bench_loadgen.py

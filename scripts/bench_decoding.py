@@ -4,7 +4,7 @@ once, then again with Poisson arrivals at a rate near saturation. Systems:
 
   engine-continuous / engine-static   the engine in-process (the served configs' parameters)
   hf-static                           Hugging Face `generate` with static, padded batches
-  served-gpt2 / served-gpt2_static    through the embedded Triton, one gRPC stream
+  served-gpt2 / served-gpt2_static    through the embedded Triton, one gRPC stream, token ids out
   vllm-cpu-offline / -server          the peer, with --peer vllm (scripts/make_vllm_env.sh first)
 
 Prints a table and writes bench_results/decoding.json (one record per system and arrival pattern).
@@ -187,12 +187,14 @@ def kv_metrics(metrics_url: str, model: str) -> tuple[float, float]:
     return value("batchwise_kv_blocks_used"), value("batchwise_preemptions_total")
 
 
-def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] = ("output_ids",)) -> SystemResult:
+def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] = ("output_ids",),
+               spec_model: str | None = None) -> SystemResult:
     """Streams the workload through one gRPC stream. The client asks for token ids only, as the
-    in-process engine and the vLLM peer (no tokenizer) produce; `outputs=()` asks for every output."""
+    in-process engine and the vLLM peer (no tokenizer) produce; `outputs=()` asks for every output.
+    spec_model: the checked-in model whose inputs a served variant (another name) has."""
     import tritonclient.grpc as grpcclient
 
-    spec = load_spec(model)
+    spec = load_spec(spec_model or model)
     times: dict[int, list[float]] = {i: [] for i in range(len(workload.prompts))}
     due_at: dict[int, float] = {}
     finished: queue.Queue = queue.Queue()
@@ -247,7 +249,8 @@ def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] 
     _, preempt_after = kv_metrics(server.opts.metrics_url, model)
     timings = [RequestTiming(tuple(t), t[-1], len(t)) for t in times.values()]
     return SystemResult(f"served-{model}", workload.describe(), summarize(timings, duration),
-                        int(peak[0]), int(preempt_after - preempt_before), note="gRPC streaming, one stream")
+                        int(peak[0]), int(preempt_after - preempt_before),
+                        note=f"gRPC streaming, one stream, outputs: {', '.join(outputs) or 'all'}")
 
 
 def run_vllm(mode: str, workload: Workload) -> SystemResult:

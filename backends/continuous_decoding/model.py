@@ -20,10 +20,6 @@ from request_inputs import (FINISH_REASON, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, 
 from stream_metrics import EngineMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Each response is a round trip to the Triton process that the stub waits for without the GIL, and
-# Triton takes them on its own thread pool: a step's responses go out from this many threads at once
-# (served gpt2 1.03 x the tokens/s of one thread, medians of 3 alternating runs on one server).
-SINK_THREADS = 8
 
 
 class TritonPythonModel:
@@ -39,7 +35,7 @@ class TritonPythonModel:
         self.tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
         engine = LLMEngine(self.engine_config, weights)
         self.metrics = EngineMetrics(pb_utils, config["name"], engine.block_manager.num_blocks)
-        self.loop = EngineLoop(engine, on_step=self.metrics.update, sink_threads=SINK_THREADS).start()
+        self.loop = EngineLoop(engine, on_step=self.metrics.update, sink_threads=self.engine_config.sink_threads).start()
         pb_utils.Logger.log_info(
             f"{config['name']}: {self.engine_config.scheduling} batching, {engine.block_manager.num_blocks} KV "
             f"blocks of {self.engine_config.block_size} tokens, max_num_seqs {self.engine_config.max_num_seqs}"
@@ -66,8 +62,8 @@ class TritonPythonModel:
 
 
 class ResponseSink:
-    """One request's response sender; used by the engine thread only. Builds only the outputs the
-    client asked for: a client of token ids costs no detokenizing."""
+    """One request's response sender, called by the engine loop from one thread at a time. Builds
+    only the outputs the client asked for: a client of token ids costs no detokenizing."""
 
     def __init__(self, sender, stream: bool, tokenizer, outputs: frozenset[str]):
         self.sender = sender
