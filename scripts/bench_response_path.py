@@ -2,10 +2,10 @@
 burst workload (64 streams) through the checked-in `gpt2` and through variants that differ in one
 response setting, in alternating runs, medians over repeats:
 
-  gpt2                  as checked in: sink_threads 8, the client asks for output_ids alone
-  gpt2, one sink thread the same model served with sink_threads 1 (responses sent one after another)
-  gpt2, every output    the checked-in model; the client names no outputs, so each response also
-                        carries the streamed text, which the model detokenizes token by token
+  gpt2                    as checked in: sink_threads 8, the client asks for output_ids alone
+  gpt2, one sink thread   the same model served with sink_threads 1 (responses sent one by one)
+  gpt2, every output      the checked-in model; the client names no outputs, so each response also
+                          carries the streamed text, which the model detokenizes token by token
 
 Prints a table and writes bench_results/response_path.json.
 

@@ -1,8 +1,9 @@
 """Triton edge of the continuous-decoding backend (`backend: "continuous_decoding"`, decoupled).
 
-execute() parses each request and hands it to the engine loop's thread, then returns; that thread
-streams one response per generated token (or one at the end) and always ends a request with one
-final response that carries the finish reason and token counts. Scheduling lives in engine/."""
+execute() parses each request and hands it to the engine loop's thread, then returns; the loop
+streams one response per generated token (or one at the end), a step's responses sent from its sink
+threads at once, and always ends a request with one final response that carries the finish reason
+and token counts. Scheduling lives in engine/."""
 import json
 from pathlib import Path
 
@@ -35,7 +36,8 @@ class TritonPythonModel:
         self.tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
         engine = LLMEngine(self.engine_config, weights)
         self.metrics = EngineMetrics(pb_utils, config["name"], engine.block_manager.num_blocks)
-        self.loop = EngineLoop(engine, on_step=self.metrics.update, sink_threads=self.engine_config.sink_threads).start()
+        self.loop = EngineLoop(engine, on_step=self.metrics.update,
+                               sink_threads=self.engine_config.sink_threads).start()
         pb_utils.Logger.log_info(
             f"{config['name']}: {self.engine_config.scheduling} batching, {engine.block_manager.num_blocks} KV "
             f"blocks of {self.engine_config.block_size} tokens, max_num_seqs {self.engine_config.max_num_seqs}"
@@ -47,13 +49,14 @@ class TritonPythonModel:
             try:
                 arrays = {t.name(): t.as_numpy() for t in request.inputs()}
                 parsed = parse_request(arrays, self.tokenizer, self.engine_config.max_model_len)
+                outputs = _requested_outputs(request)
             except InvalidRequest as e:
                 _send_error(sender, str(e), pb_utils.TritonError.INVALID_ARG)
                 continue
             except Exception as e:  # a bug, not the client's fault: this request alone fails
                 _send_error(sender, f"could not parse the request: {e}", pb_utils.TritonError.INTERNAL)
                 continue
-            sink = ResponseSink(sender, parsed.stream, self.tokenizer, _requested_outputs(request))
+            sink = ResponseSink(sender, parsed.stream, self.tokenizer, outputs)
             self.loop.submit(Submission(parsed.prompt_token_ids, parsed.sampling, sink, _priority(request)))
         return None
 

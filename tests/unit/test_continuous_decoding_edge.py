@@ -51,13 +51,13 @@ def start(edge, weights_dir):
         m.finalize()
 
 
-def make_request(pb_utils, **inputs):
+def make_request(pb_utils, requested_output_names=(), **inputs):
     dtypes = {spec.name: spec.numpy_dtype for spec in SPEC.inputs}
     tensors = []
     for name, value in inputs.items():
         array = np.array(value, dtype=dtypes.get(name, np.int64))
         tensors.append(pb_utils.Tensor(name, array.reshape(-1) if array.ndim == 0 else array))
-    return pb_utils.DecoupledRequest(tensors)
+    return pb_utils.DecoupledRequest(tensors, requested_output_names=requested_output_names)
 
 
 def finished(request):
@@ -204,8 +204,8 @@ def test_streamed_text_waits_for_whole_characters(edge, pb_utils):
 @pytest.mark.parametrize("stream", [True, False])
 def test_only_the_requested_outputs_are_built(start, pb_utils, stream):
     model = start()
-    ids_only = make_request(pb_utils, input_ids=[5, 6, 7], max_tokens=[3], ignore_eos=[True], stream=[stream])
-    ids_only._requested_output_names = ["output_ids", "finish_reason"]
+    ids_only = make_request(pb_utils, ["output_ids", "finish_reason"], input_ids=[5, 6, 7], max_tokens=[3],
+                            ignore_eos=[True], stream=[stream])
     everything = make_request(pb_utils, input_ids=[5, 6, 7], max_tokens=[3], ignore_eos=[True], stream=[stream])
     model.execute([ids_only, everything])
     names = [{t.name() for t in r.output_tensors()} for r, _ in finished(ids_only)]
@@ -214,6 +214,28 @@ def test_only_the_requested_outputs_are_built(start, pb_utils, stream):
     assert {t.name() for t in finished(everything)[-1][0].output_tensors()} == set(SPEC.output_names)
     tokens = np.concatenate([tensor(r, "output_ids") for r, _ in finished(ids_only)])
     assert len(tokens) == 3
+
+
+def test_a_client_of_token_ids_costs_no_detokenizing(edge, pb_utils):
+    from engine.engine import TokenOutput
+    from engine.sequence import FinishReason
+
+    class CountingTokenizer:
+        def __init__(self):
+            self.tokenizer, self.decodes = byte_level_bpe(), 0
+
+        def decode(self, ids):
+            self.decodes += 1
+            return self.tokenizer.decode(ids)
+
+    tokenizer = CountingTokenizer()
+    for outputs, decoded in ((frozenset({"output_ids"}), False), (frozenset(SPEC.output_names), True)):
+        tokenizer.decodes = 0
+        for stream in (True, False):
+            sink = edge.ResponseSink(pb_utils.ResponseSender(), stream=stream, tokenizer=tokenizer, outputs=outputs)
+            for n, token in enumerate([40, 41, 42], start=1):
+                sink.on_token(TokenOutput(0, token, None, FinishReason.LENGTH if n == 3 else None, 1, n))
+        assert (tokenizer.decodes > 0) == decoded
 
 
 def test_triton_priority_zero_means_the_default_level(edge, pb_utils):

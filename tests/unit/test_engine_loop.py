@@ -7,6 +7,7 @@ from backends.continuous_decoding.engine.config import EngineConfig
 from backends.continuous_decoding.engine.engine import LLMEngine
 from backends.continuous_decoding.engine.engine_loop import EngineLoop, Submission
 from backends.continuous_decoding.engine.sampling_params import SamplingParams
+from backends.continuous_decoding.engine.sequence import FinishReason
 from backends.continuous_decoding.engine.weights import load_weights
 from scripts.make_decoder_weights import RandomShape, make_random_checkpoint
 
@@ -137,10 +138,10 @@ def test_more_sinks_than_sink_threads_each_get_every_token_once(weights):
 def test_a_cancelled_request_ends_once_with_its_blocks_free(weights, sink_threads):
     cancelled, others = OrderedSink(cancel_after=3), [OrderedSink() for _ in range(3)]
     engine = run_loop(weights, [cancelled, *others], sink_threads=sink_threads, max_tokens=20)
-    assert cancelled.outputs[-1].finish_reason.value == "cancelled"
+    assert cancelled.outputs[-1].finish_reason == FinishReason.CANCELLED
     assert [o.finished for o in cancelled.outputs].count(True) == 1 and len(cancelled.outputs) < 20
     for sink in others:
-        assert len(sink.outputs) == 20 and sink.outputs[-1].finish_reason.value == "length"
+        assert len(sink.outputs) == 20 and sink.outputs[-1].finish_reason == FinishReason.LENGTH
     assert engine.block_manager.num_used_blocks == 0
 
 
@@ -161,7 +162,7 @@ def test_a_broken_sink_on_a_sink_thread_is_dropped_and_the_others_finish(weights
     assert engine.block_manager.num_used_blocks == 0, "the broken request's blocks were not freed"
 
 
-def test_sink_threads_include_the_engine_thread(weights):
+def test_fewer_than_one_sink_thread_is_refused(weights):
     config = EngineConfig.from_parameters({"max_model_len": "64", "kv_cache_bytes": str(1 << 20)})
     with pytest.raises(ValueError, match="sink_threads"):
         EngineLoop(LLMEngine(config, weights), sink_threads=0)

@@ -9,7 +9,6 @@ import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Callable, Protocol, TypeVar
 
 from .engine import LLMEngine, TokenOutput
@@ -73,8 +72,6 @@ class EngineLoop:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             print(f"engine loop still running {timeout_s:.0f} s after stop()", file=sys.stderr)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
 
     @property
     def num_active(self) -> int:
@@ -88,6 +85,8 @@ class EngineLoop:
                 self._fail_all(f"engine step failed: {traceback.format_exc(limit=3)}")
         self._fail_all("the model is shutting down")
         self._refuse_queued("the model is shutting down")
+        if self._pool is not None:  # its only user is this thread, which is done with it
+            self._pool.shutdown(wait=False)
 
     def _iterate(self) -> None:
         # Block for new work only when idle; while decoding, take whatever has arrived.
@@ -189,7 +188,7 @@ class EngineLoop:
         if n <= 1:
             return run(items)
         bounds = [len(items) * k // n for k in range(n + 1)]
-        helpers = [self._pool.submit(run, items[a:b]) for a, b in pairwise(bounds[1:])]
+        helpers = [self._pool.submit(run, items[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
         failures = run(items[:bounds[1]])
         for helper in helpers:
             failures += helper.result()
