@@ -187,14 +187,12 @@ def kv_metrics(metrics_url: str, model: str) -> tuple[float, float]:
     return value("batchwise_kv_blocks_used"), value("batchwise_preemptions_total")
 
 
-def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] = ("output_ids",),
-               spec_model: str | None = None) -> SystemResult:
+def run_served(model: str, workload: Workload, server, outputs: tuple[str, ...] = ("output_ids",)) -> SystemResult:
     """Streams the workload through one gRPC stream. The client asks for token ids only, as the
-    in-process engine and the vLLM peer (no tokenizer) produce; `outputs=()` asks for every output.
-    spec_model: the checked-in model whose inputs a served variant (another name) has."""
+    in-process engine and the vLLM peer (no tokenizer) produce; `outputs=()` asks for every output."""
     import tritonclient.grpc as grpcclient
 
-    spec = load_spec(spec_model or model)
+    spec = load_spec(model)
     times: dict[int, list[float]] = {i: [] for i in range(len(workload.prompts))}
     due_at: dict[int, float] = {}
     finished: queue.Queue = queue.Queue()

@@ -1,13 +1,11 @@
-"""What the served gpt2's response path costs, side by side on one server: the decoding benchmark's
-burst workload (64 streams) through the checked-in `gpt2` and through variants that differ in one
-response setting, in alternating runs, medians over repeats:
+"""What the served gpt2's responses cost by what they carry, side by side on one server: the decoding
+benchmark's burst workload (64 streams) through the checked-in `gpt2`, in alternating runs of
 
-  gpt2                    as checked in: sink_threads 8, the client asks for output_ids alone
-  gpt2, one sink thread   the same model served with sink_threads 1 (responses sent one by one)
-  gpt2, every output      the checked-in model; the client names no outputs, so each response also
-                          carries the streamed text, which the model detokenizes token by token
+  token ids      the client asks for output_ids alone (the decoding benchmark's served client)
+  every output   the client names no outputs, so each response also carries the streamed text,
+                 which the model detokenizes token by token
 
-Prints a table and writes bench_results/response_path.json.
+and the medians over repeats. Prints a table and writes bench_results/response_path.json.
 
     python scripts/bench_response_path.py [--repeats 3] [--num-requests 64]
 """
@@ -28,11 +26,7 @@ from scripts.bench_record import write_record
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench_results" / "response_path.json"
-ONE_SINK_THREAD = "gpt2_one_sink_thread"
-# (label, served model, outputs the client asks for; () = every output)
-VARIANTS = (("gpt2", "gpt2", ("output_ids",)),
-            ("gpt2, one sink thread", ONE_SINK_THREAD, ("output_ids",)),
-            ("gpt2, every output", "gpt2", ()))
+VARIANTS = {"token ids": ("output_ids",), "every output": ()}  # () names no outputs: Triton sends all
 
 
 def parse_args(argv=None):
@@ -44,12 +38,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def one_sink_thread(config):
-    """The same model with sink_threads 1."""
-    config.parameters["sink_threads"].string_value = "1"
-    return config
-
-
 def main(argv=None) -> int:
     from scripts.serve import EmbeddedServer, options_on_free_ports
     from scripts.variants import load_config, write_repository
@@ -57,24 +45,24 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     vocab = json.loads((WEIGHTS / "config.json").read_text())["vocab_size"]
     workload = make_workload(args.num_requests, 16, 256, args.seed, vocab)
-    tokens_per_s: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    tokens_per_s: dict[str, list[float]] = {label: [] for label in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="batchwise-bench-") as tmp:
-        repo = write_repository(Path(tmp) / "repo", {"gpt2": load_config("gpt2"),
-                                                     ONE_SINK_THREAD: one_sink_thread(load_config("gpt2"))})
+        repo = write_repository(Path(tmp) / "repo", {"gpt2": load_config("gpt2")})
         with EmbeddedServer(options_on_free_ports(repo)) as server:
             for repeat in range(args.repeats):
-                for label, model, outputs in VARIANTS:
-                    result = run_served(model, workload, server, outputs=outputs, spec_model="gpt2")
+                for label, outputs in VARIANTS.items():
+                    result = run_served("gpt2", workload, server, outputs=outputs)
                     tokens_per_s[label].append(result.summary["output_tokens_per_s"])
-                    print(f"  run {repeat + 1}/{args.repeats}  {label:24s} "
-                          f"{tokens_per_s[label][-1]:7.1f} output tok/s", flush=True)
+                    print(f"  run {repeat + 1}/{args.repeats}  {label:14s} {tokens_per_s[label][-1]:7.1f} output tok/s",
+                          flush=True)
     medians = {label: statistics.median(values) for label, values in tokens_per_s.items()}
-    base = medians["gpt2"]
-    print(f"\n{'variant':24s} {'median tok/s':>12s} {'gpt2 / variant':>15s}")
+    ratio = medians["token ids"] / medians["every output"]
+    print(f"\n{'outputs':14s} {'median tok/s':>12s}  runs")
     for label, value in medians.items():
-        print(f"{label:24s} {value:12.1f} {base / value:15.3f}")
+        print(f"{label:14s} {value:12.1f}  {', '.join(f'{v:.1f}' for v in tokens_per_s[label])}")
+    print(f"token ids / every output: {ratio:.3f}")
     write_record(args.out, "response_path", args, workload=workload.describe(), runs=tokens_per_s,
-                 medians=medians, gpt2_over_variant={label: base / value for label, value in medians.items()})
+                 medians=medians, token_ids_over_every_output=ratio)
     return 0
 
 

@@ -11,7 +11,7 @@ _PARTIAL = "\ufffd"  # what a decoder makes of an incomplete UTF-8 sequence
 
 
 class IncrementalDetokenizer:
-    """One stream's output text, told token by token; used from one thread at a time."""
+    """One stream's output text, told token by token; used by one thread."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

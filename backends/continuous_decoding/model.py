@@ -1,9 +1,8 @@
 """Triton edge of the continuous-decoding backend (`backend: "continuous_decoding"`, decoupled).
 
-execute() parses each request and hands it to the engine loop's thread, then returns; the loop
-streams one response per generated token (or one at the end), a step's responses sent from its sink
-threads at once, and always ends a request with one final response that carries the finish reason
-and token counts. Scheduling lives in engine/."""
+execute() parses each request and hands it to the engine loop's thread, then returns; that thread
+streams one response per generated token (or one at the end) and always ends a request with one
+final response that carries the finish reason and token counts. Scheduling lives in engine/."""
 import json
 from pathlib import Path
 
@@ -36,8 +35,7 @@ class TritonPythonModel:
         self.tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
         engine = LLMEngine(self.engine_config, weights)
         self.metrics = EngineMetrics(pb_utils, config["name"], engine.block_manager.num_blocks)
-        self.loop = EngineLoop(engine, on_step=self.metrics.update,
-                               sink_threads=self.engine_config.sink_threads).start()
+        self.loop = EngineLoop(engine, on_step=self.metrics.update).start()
         pb_utils.Logger.log_info(
             f"{config['name']}: {self.engine_config.scheduling} batching, {engine.block_manager.num_blocks} KV "
             f"blocks of {self.engine_config.block_size} tokens, max_num_seqs {self.engine_config.max_num_seqs}"
@@ -65,8 +63,8 @@ class TritonPythonModel:
 
 
 class ResponseSink:
-    """One request's response sender, called by the engine loop from one thread at a time. Builds
-    only the outputs the client asked for: a client of token ids costs no detokenizing."""
+    """One request's response sender; used by the engine thread only. Builds only the outputs the
+    client asked for: a client of token ids costs no detokenizing."""
 
     def __init__(self, sender, stream: bool, tokenizer, outputs: frozenset[str]):
         self.sender = sender

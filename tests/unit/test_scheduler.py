@@ -46,7 +46,6 @@ def test_config_parses_triton_string_parameters():
     ({"kv_cache_bytes": "-1"}, r"'kv_cache_bytes': must be an integer in \[1, "),
     ({"enable_priority": "maybe"}, r"'enable_priority': must be true or false, got 'maybe'"),
     ({"scheduling": "dynamic"}, r"'scheduling': must be one of continuous, static, got 'dynamic'"),
-    ({"sink_threads": "0"}, r"'sink_threads': must be an integer in \[1, 256\], got 0"),
     ({"max_num_seqs": "64", "max_num_batched_tokens": "32"},
      r"'max_num_batched_tokens': must be >= max_num_seqs \(64\), got 32"),
     ({"enable_chunked_prefill": "false", "max_model_len": "1024", "max_num_batched_tokens": "512"},

@@ -15,7 +15,6 @@ _INT_RANGES = {
     "max_num_seqs": (1, 4096),
     "max_num_batched_tokens": (1, 1 << 20),
     "max_model_len": (1, 1 << 20),
-    "sink_threads": (1, 256),
 }
 
 
@@ -37,7 +36,6 @@ class EngineConfig:
     enable_chunked_prefill: bool = True  # a prompt may be split across steps
     scheduling: str = "continuous"  # "continuous" (iteration-level) or "static" (request-level)
     enable_priority: bool = False  # waiting order by (priority, arrival) rather than arrival alone
-    sink_threads: int = 1  # threads that hand a step's tokens to their requests, the engine's included
 
     def __post_init__(self):
         for name, (low, high) in _INT_RANGES.items():

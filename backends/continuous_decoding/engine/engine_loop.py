@@ -7,19 +7,15 @@ import queue
 import sys
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
+from typing import Callable, Protocol
 
 from .engine import LLMEngine, TokenOutput
 from .sampling_params import InvalidRequest, SamplingParams
 
-T = TypeVar("T")
-
 
 class Sink(Protocol):
-    """Where one request's results go. Called by the engine thread, or for it by a sink thread while
-    it waits; never from two threads at once."""
+    """Where one request's results go. Called on the engine thread only."""
 
     def on_token(self, output: TokenOutput) -> None: ...  # also carries the final output
 
@@ -40,15 +36,8 @@ class EngineLoop:
     """Owns the engine; other threads only call submit() and stop()."""
 
     def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None,
-                 idle_poll_s: float = 0.05, sink_threads: int = 1):
-        if sink_threads < 1:
-            raise ValueError(f"sink_threads must be at least 1 (the engine thread), got {sink_threads}")
+                 idle_poll_s: float = 0.05):
         self.engine = engine
-        # A step's tokens go to their sinks from this many threads at once (the engine thread and
-        # sink_threads - 1 helpers): a sink that waits on I/O, such as a response's round trip to
-        # the server, then waits alongside the others instead of after them.
-        self._sink_threads = sink_threads
-        self._pool: ThreadPoolExecutor | None = None
         self._inbox: queue.Queue[Submission | None] = queue.Queue()
         self._sinks: dict[int, Sink] = {}  # engine thread only
         self._next_id = 0  # engine thread only
@@ -58,8 +47,6 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> "EngineLoop":
-        if self._sink_threads > 1:
-            self._pool = ThreadPoolExecutor(self._sink_threads - 1, thread_name_prefix="engine-sink")
         self._thread.start()
         return self
 
@@ -85,8 +72,6 @@ class EngineLoop:
                 self._fail_all(f"engine step failed: {traceback.format_exc(limit=3)}")
         self._fail_all("the model is shutting down")
         self._refuse_queued("the model is shutting down")
-        if self._pool is not None:  # its only user is this thread, which is done with it
-            self._pool.shutdown(wait=False)
 
     def _iterate(self) -> None:
         # Block for new work only when idle; while decoding, take whatever has arrived.
@@ -98,7 +83,8 @@ class EngineLoop:
             return
         outputs = self.engine.step()
         self._report()  # before delivery: a client that saw its final token sees the metrics of that step
-        self._deliver(outputs)
+        for out in outputs:
+            self._deliver(out)
 
     def _report(self) -> None:
         if self._on_step is None:
@@ -147,52 +133,24 @@ class EngineLoop:
                 changed = True
                 out = self.engine.abort(seq_id)
                 if out is not None:
-                    self._deliver([out])
+                    self._deliver(out)
                 else:
                     self._sinks.pop(seq_id, None)
         return changed
 
-    def _deliver(self, outputs: list[TokenOutput]) -> None:
-        targets = []
-        for out in outputs:
-            sink = self._sinks.get(out.seq_id)
-            if sink is None:
-                continue
-            if out.finished:
-                del self._sinks[out.seq_id]
-            targets.append((sink, out))
-        for (_, out), failure in zip(targets, self._call_sinks(lambda target: target[0].on_token(target[1]), targets)):
-            if failure is None:
-                continue
-            # This request's sender broke (e.g. the client left): drop it, keep the rest.
-            traceback.print_exception(failure)
+    def _deliver(self, out: TokenOutput) -> None:
+        sink = self._sinks.get(out.seq_id)
+        if sink is None:
+            return
+        if out.finished:
+            del self._sinks[out.seq_id]
+        try:
+            sink.on_token(out)
+        except Exception:  # this request's sender broke (e.g. the client left): drop it, keep the rest
+            traceback.print_exc()
             self._sinks.pop(out.seq_id, None)
             if not out.finished:
                 self.engine.abort(out.seq_id)
-
-    def _call_sinks(self, call: Callable[[T], None], items: list[T]) -> list[Exception | None]:
-        """call(item) for every item, in contiguous shares across the sink threads (this thread takes
-        the first); what each raised, or None, in the items' order. Only the sinks run elsewhere: the
-        engine is touched on this thread alone."""
-        def run(share: list[T]) -> list[Exception | None]:
-            failures = []
-            for item in share:
-                try:
-                    call(item)
-                    failures.append(None)
-                except Exception as e:
-                    failures.append(e)
-            return failures
-
-        n = min(self._sink_threads, len(items)) if self._pool is not None else 1
-        if n <= 1:
-            return run(items)
-        bounds = [len(items) * k // n for k in range(n + 1)]
-        helpers = [self._pool.submit(run, items[a:b]) for a, b in zip(bounds[1:-1], bounds[2:])]
-        failures = run(items[:bounds[1]])
-        for helper in helpers:
-            failures += helper.result()
-        return failures
 
     def _refuse_queued(self, message: str) -> None:
         while True:
