@@ -21,12 +21,14 @@ def grpc_inputs(**values):
     return tensors(grpcclient, GPT2, values)
 
 
-def stream(server, model="gpt2", **values):
-    """All responses of one request over gRPC streaming, until the final one."""
+def stream(server, model="gpt2", outputs=(), **values):
+    """All responses of one request over gRPC streaming, until the final one; `outputs` names the
+    outputs to ask for (none: every output)."""
     results: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(server.opts.grpc_url) as client:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer(model, grpc_inputs(**values))
+        client.async_stream_infer(model, grpc_inputs(**values),
+                                  outputs=[grpcclient.InferRequestedOutput(name) for name in outputs] or None)
         responses = []
         while True:
             result, error = results.get(timeout=120)
@@ -71,6 +73,16 @@ def test_grpc_streaming_matches_non_streaming(server, model):
     assert whole.as_numpy("output_ids").tolist() == tokens
     text = "".join(r.as_numpy("text_output")[0].decode() for r in streamed)
     assert text == whole.as_numpy("text_output")[0].decode()
+
+
+def test_a_client_of_token_ids_gets_the_same_tokens_and_no_text(server):
+    values = dict(input_ids=PROMPT, max_tokens=[6], ignore_eos=[True], stream=[True])
+    ids_only = stream(server, outputs=["output_ids", "finish_reason"], **values)
+    every = stream(server, **values)
+    assert [r.as_numpy("output_ids").tolist() for r in ids_only] == [r.as_numpy("output_ids").tolist() for r in every]
+    assert all(r.as_numpy("text_output") is None for r in ids_only)
+    assert ids_only[-1].as_numpy("finish_reason")[0] == b"length"
+    assert every[-1].as_numpy("text_output") is not None
 
 
 def test_http_generate_and_sse(server):
