@@ -164,8 +164,9 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
         ranges = list(zip(splits[:-1], splits[1:]))
         # Every range but the first to the pool; the first on this thread, while they run. Without a
         # pool (one core), all of them on this thread.
-        others = [pool.submit(_decode_rows, *args, *r) for r in ranges[1:]] if pool else []
-        for first, last in ranges if pool is None else ranges[:1]:
+        mine, theirs = (ranges, []) if pool is None else (ranges[:1], ranges[1:])
+        others = [pool.submit(_decode_rows, *args, first, last) for first, last in theirs]
+        for first, last in mine:
             _decode_rows(*args, first, last)
         for done in others:
             done.result()
