@@ -1,5 +1,6 @@
 """Where one decode step of the CPU runner spends its time: a cProfile of CpuRunner.execute on
-the served weights, every sequence decoding one token over the same context length.
+the served weights, every sequence decoding one token over the same context length, and what greedy
+sampling of the step's logits adds.
 
     python scripts/profile_runner.py [--num-seqs 32] [--context 200] [--steps 3]
 """
@@ -19,6 +20,8 @@ sys.path.insert(0, str(ROOT / "backends" / "continuous_decoding"))  # the engine
 
 from engine.batch import BatchInput  # noqa: E402
 from engine.runner import CpuRunner  # noqa: E402
+from engine.sampler import make_generator, sample  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
 
 
@@ -55,6 +58,13 @@ def main(argv=None) -> int:
         runner.execute(batch)
     print(f"{args.num_seqs} decodes at {args.context} tokens of context: "
           f"{1e3 * (time.perf_counter() - start) / args.steps:.1f} ms per step")
+    logits = runner.execute(batch)
+    params = [SamplingParams(max_tokens=1)] * args.num_seqs
+    generators = [make_generator(p) for p in params]
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        sample(logits, params, generators)
+    print(f"greedy sampling of their logits: {1e3 * (time.perf_counter() - start) / args.steps:.2f} ms per step")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(args.steps):

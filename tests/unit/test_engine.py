@@ -76,6 +76,7 @@ def test_greedy_agrees_with_hugging_face_under_chunking_and_preemption(weights, 
         assert outs[-1].finish_reason is FinishReason.LENGTH
         assert_greedy_agreement([o.token_id for o in outs], [o.logprobs for o in outs], ref_tokens, ref_rows,
                                 label=f"prompt {i} ({len(prompts[i])} tokens): ")
+        assert all(o.logprob == float(o.logprobs[o.token_id]) <= 0 for o in outs)
     # 48 blocks of 4 tokens hold 192 tokens; the 16 sequences need about 16 * 50 at once.
     if scheduling == "continuous":
         assert engine.stats.num_preemptions > 0, "the small cache must force preemptions"
@@ -116,6 +117,7 @@ def test_stop_tokens_and_eos_end_a_sequence(weights, prompts, reference):
     out = engine.generate([prompts[0]], SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=(stop_at,)))[0]
     assert out[-1].finish_reason is FinishReason.STOP and out[-1].token_id == stop_at
     assert len(out) == ref_tokens.index(stop_at) + 1
+    assert all(o.logprob is None and o.logprobs is None for o in out), "log-probabilities only when recorded"
 
 
 def test_abort_frees_blocks_at_once(weights, prompts):

@@ -38,9 +38,8 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs
 
 
-def sample(logits: np.ndarray, params: list[SamplingParams],
-           generators: list[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
-    """[num_seqs, vocab] logits -> (token ids [num_seqs], their log-probabilities [num_seqs])."""
+def sample(logits: np.ndarray, params: list[SamplingParams], generators: list[np.random.Generator]) -> np.ndarray:
+    """[num_seqs, vocab] logits -> token ids [num_seqs]."""
     tokens = np.empty(len(params), dtype=np.int64)
     for i, (p, rng) in enumerate(zip(params, generators)):
         if p.is_greedy:
@@ -48,11 +47,4 @@ def sample(logits: np.ndarray, params: list[SamplingParams],
         else:
             probs = filtered_probs(logits[i], p)
             tokens[i] = int(rng.choice(probs.shape[0], p=probs))
-    return tokens, token_logprobs(logits, tokens)
-
-
-def token_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """log_softmax(logits)[i, tokens[i]] per row, without building the whole [n, vocab] result."""
-    top = logits.max(axis=-1)
-    log_total = np.log(np.exp(logits - top[:, None]).sum(axis=-1))
-    return logits[np.arange(len(tokens)), tokens] - top - log_total
+    return tokens
