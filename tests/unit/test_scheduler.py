@@ -602,7 +602,7 @@ def test_a_preempted_sequence_produces_what_it_produces_in_a_cache_too_large_to_
         assert seq.output_token_ids == large.seqs[seq_id].output_token_ids
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(scenarios(scheduling=st.just("static")), st.integers(0, 8))
 def test_when_every_request_waits_at_once_and_fits_one_batch_both_policies_schedule_the_same_steps(
         scenario, spare_blocks):
@@ -612,9 +612,9 @@ def test_when_every_request_waits_at_once_and_fits_one_batch_both_policies_sched
     config = replace(config, enable_chunked_prefill=True)
     # One-token prompts are left out: admitted whole, a static batch counts them among the decodes,
     # which go first, where continuous batching admits them after the other prompts' chunks.
-    requests = [replace(r, arrival_step=0, abort_step=None)
-                for r in requests if fits(config, num_blocks, r) and len(r.prompt) > 1][:config.max_num_seqs]
-    assume(requests)
+    requests = [replace(r, arrival_step=0, abort_step=None) for r in requests
+                if len(r.prompt) + r.max_tokens <= config.max_model_len and len(r.prompt) > 1][:config.max_num_seqs]
+    assume(len(requests) >= 2)
     num_blocks = spare_blocks + sum(-(-(len(r.prompt) + r.max_tokens - 1) // config.block_size) for r in requests)
     static = drive(config, num_blocks, requests)
     continuous = drive(replace(config, scheduling="continuous"), num_blocks, requests)
