@@ -82,6 +82,7 @@ class SystemResult:
     summary: dict
     peak_kv_blocks: int | None = None
     preemptions: int | None = None
+    steps: int | None = None  # engine steps, in-process only: equal counts under burst mean the same schedule
     note: str = ""
 
 
@@ -144,7 +145,7 @@ def run_engine(scheduling: str, workload: Workload) -> SystemResult:
     loop.stop()
     timings = [RequestTiming(tuple(s.times), s.times[-1], len(s.times)) for s in sinks]
     return SystemResult(f"engine-{scheduling}", workload.describe(), summarize(timings, duration),
-                        engine.stats.peak_kv_blocks_used, engine.stats.num_preemptions)
+                        engine.stats.peak_kv_blocks_used, engine.stats.num_preemptions, engine.stats.num_steps)
 
 
 def run_hf_static(workload: Workload, batch_size: int) -> SystemResult:
@@ -290,7 +291,8 @@ def report(result: SystemResult) -> SystemResult:
           f"TTFT p50 {f(s['ttft_p50_ms'], '8.0f')} p99 {f(s['ttft_p99_ms'], '8.0f')} ms  "
           f"TPOT p50 {f(s['tpot_p50_ms'], '6.1f')} p99 {f(s['tpot_p99_ms'], '6.1f')} ms  "
           f"e2e p99 {f(s['e2e_p99_ms'], '8.0f')} ms  KV peak {result.peak_kv_blocks}  "
-          f"preempted {result.preemptions}", flush=True)
+          f"preempted {result.preemptions}" + (f"  steps {result.steps}" if result.steps is not None else ""),
+          flush=True)
     return result
 
 
